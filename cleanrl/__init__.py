@@ -1,0 +1,1 @@
+"""Single-file deep RL algorithms; each script is self-contained."""

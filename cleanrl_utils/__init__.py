@@ -1,0 +1,1 @@
+"""Small shared plumbing and tools for the cleanrl scripts."""

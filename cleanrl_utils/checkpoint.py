@@ -1,0 +1,198 @@
+"""Checkpoint I/O shared by every script.
+
+A checkpoint is one dict (model, optimizer, args, step counters, RNG states, environment state)
+saved with ``torch.save``. It is written to a temporary file in the same directory, flushed to
+disk and renamed over the final name, so a crash mid-write never leaves a half-written
+checkpoint under a real name. It is read with ``torch.load(weights_only=True)``: only tensors
+and plain containers are ever unpickled, so a file that would run code on load is refused
+instead of executed.
+
+Everything that is not a tensor or a plain Python value (numpy arrays, numpy RNG states, bytes,
+deques) goes through :func:`encode` / :func:`decode`, which map it onto tensors and dicts.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import zipfile
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used: missing, truncated, not weights-only, or of another format."""
+
+
+# --------------------------------------------------------------------------------------------
+# A codec from numpy-flavoured Python values to what torch's weights-only unpickler accepts.
+# --------------------------------------------------------------------------------------------
+class Unencodable(TypeError):
+    """Raised by :func:`encode` for a value it has no safe representation for."""
+
+
+def encode(value: Any) -> Any:
+    """Map ``value`` onto tensors, numbers, strings and plain containers (lossless)."""
+    if isinstance(value, np.random.Generator):
+        return {"__generator__": value.bit_generator.state}
+    if isinstance(value, np.ndarray | np.generic):
+        if value.dtype.hasobject:
+            raise Unencodable(f"numpy array of dtype {value.dtype}")
+        array = np.ascontiguousarray(value)
+        return {
+            "__ndarray__": torch.from_numpy(array.reshape(-1).view(np.uint8).copy()),
+            "dtype": array.dtype.str,
+            "shape": tuple(array.shape),
+            "scalar": isinstance(value, np.generic),
+        }
+    # After the numpy branch: np.float64 is also a Python float, and must keep its dtype.
+    if value is None or isinstance(value, bool | int | float | str | torch.Tensor):
+        return value
+    if isinstance(value, bytes):
+        return {"__bytes__": torch.frombuffer(bytearray(value), dtype=torch.uint8)}
+    if isinstance(value, deque):
+        return {"__deque__": [encode(v) for v in value], "maxlen": value.maxlen}
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(encode(v) for v in value)
+    if isinstance(value, dict):
+        if any(isinstance(k, str) and k.startswith("__") for k in value):
+            raise Unencodable("dict with a reserved '__' key")
+        return {k: encode(v) for k, v in value.items()}
+    raise Unencodable(type(value).__name__)
+
+
+def decode(value: Any) -> Any:
+    """Inverse of :func:`encode`."""
+    if isinstance(value, dict):
+        if "__generator__" in value:
+            state = value["__generator__"]
+            generator = np.random.Generator(getattr(np.random, state["bit_generator"])())
+            generator.bit_generator.state = state
+            return generator
+        if "__ndarray__" in value:
+            raw = value["__ndarray__"].numpy().tobytes()
+            array = np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
+            return array[()] if value["scalar"] else array
+        if "__bytes__" in value:
+            return value["__bytes__"].numpy().tobytes()
+        if "__deque__" in value:
+            return deque((decode(v) for v in value["__deque__"]), maxlen=value["maxlen"])
+        return {k: decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(decode(v) for v in value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# RNG states of this process.
+# --------------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """The state of Python's, numpy's legacy and torch's random generators (CUDA too, if used)."""
+    state = {
+        "python": encode(random.getstate()),
+        "numpy": encode(np.random.get_state()),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(decode(state["python"]))
+    np.random.set_state(decode(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------------------------
+# Files.
+# --------------------------------------------------------------------------------------------
+def checkpoint_path(directory: str | os.PathLike, iteration: int) -> Path:
+    return Path(directory) / f"ckpt_{iteration:08d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Checkpoint files in ``directory``, oldest first (temporary files are never listed)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+
+
+def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, iteration: int, keep: int = 2) -> Path:
+    """Write ``state`` atomically as ``directory/ckpt_<iteration>.pt``; keep the newest ``keep`` files."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(directory, iteration)
+    tmp = directory / f".{final.name}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    # Make the rename itself durable before older checkpoints are deleted.
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint`; raise :class:`CheckpointError` otherwise.
+
+    Only ``weights_only=True`` loading is ever attempted: a file that needs arbitrary unpickling
+    (and so could run code) is refused, never executed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"checkpoint {path} is truncated or not a torch checkpoint (no valid zip archive)")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        wanted = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        reason = f"it asks to import {wanted.group(1)}" if wanted else "it holds more than tensors and plain values"
+        raise CheckpointError(f"checkpoint {path} is refused: not weights-only, {reason}; it was not unpickled") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {first_line}") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has an unknown format (expected format_version {FORMAT_VERSION})")
+    return state
+
+
+def resolve_resume(path: str | os.PathLike) -> Path:
+    """``--resume`` takes a checkpoint file or a run directory; return the checkpoint file to load."""
+    path = Path(path)
+    if path.is_dir():
+        for candidate in (path, path / "checkpoints"):
+            found = list_checkpoints(candidate)
+            if found:
+                return found[-1]
+        raise CheckpointError(f"--resume {path}: no ckpt_*.pt file in it or in its checkpoints/ folder")
+    if not path.exists():
+        raise CheckpointError(f"--resume {path}: no such file or directory")
+    return path

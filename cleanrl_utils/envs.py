@@ -1,0 +1,257 @@
+"""Vector-environment plumbing shared by the scripts: exact env snapshots and supervised workers.
+
+``EnvSnapshot`` (the outermost wrapper of every sub-environment) and :func:`get_vector_state` /
+:func:`set_vector_state` let a checkpoint hold the full state of every environment (physics or
+emulator state, RNGs, time limits, frame stacks, episode accumulators, normalisation statistics),
+so ``--resume`` continues the very episodes the run was in and reproduces an uninterrupted run.
+The state is captured as plain values (see ``cleanrl_utils.checkpoint.encode``), never pickled.
+
+``WorkerGuard`` wraps an ``AsyncVectorEnv``: a worker that raises, dies or stops answering
+within ``timeout`` seconds ends the run with an :class:`EnvWorkerError` naming the env id,
+the worker and the cause, after every worker process has been terminated.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AsyncVectorEnv, VectorEnv, VectorWrapper
+from gymnasium.vector.async_vector_env import AsyncState
+
+from cleanrl_utils.checkpoint import Unencodable, decode, encode
+
+# Attributes that describe an environment rather than hold its state.
+_STRUCTURAL = frozenset(
+    {
+        "env",
+        "envs",
+        "spec",
+        "_cached_spec",
+        "metadata",
+        "_metadata",
+        "action_space",
+        "observation_space",
+        "_action_space",
+        "_observation_space",
+        "single_action_space",
+        "single_observation_space",
+        "_single_action_space",
+        "_single_observation_space",
+        "_saved_kwargs",
+        "_ezpickle_args",
+        "_ezpickle_kwargs",
+        "render_mode",
+    }
+)
+
+
+def _is_stats_object(value: Any) -> bool:
+    """Small state holders kept as attributes by gymnasium wrappers (e.g. RunningMeanStd)."""
+    return type(value).__name__ == "RunningMeanStd"
+
+
+def _capture_layer(layer: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for name, value in vars(layer).items():
+        if name in _STRUCTURAL:
+            continue
+        if _is_stats_object(value):
+            state[name] = {"__object__": _capture_layer(value)}
+            continue
+        try:
+            state[name] = encode(value)
+        except Unencodable:
+            # Renderers, emulator/simulator handles and the like; the emulator and simulator
+            # state is captured below through their own APIs.
+            pass
+    ale = getattr(layer, "ale", None)
+    if ale is not None and type(ale).__name__ == "ALEInterface":
+        state["__ale__"] = encode(ale.cloneState(include_rng=True).serialize())
+    data, model = getattr(layer, "data", None), getattr(layer, "model", None)
+    if type(data).__name__ == "MjData" and model is not None:
+        import mujoco
+
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        buffer = np.empty(mujoco.mj_stateSize(model, spec))
+        mujoco.mj_getState(model, data, buffer, spec)
+        state["__mujoco__"] = encode(buffer)
+    return state
+
+
+def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
+    for name, value in state.items():
+        if name == "__ale__":
+            import ale_py
+
+            layer.ale.restoreState(ale_py.ALEState(decode(value)))
+        elif name == "__mujoco__":
+            import mujoco
+
+            mujoco.mj_setState(layer.model, layer.data, decode(value), mujoco.mjtState.mjSTATE_INTEGRATION)
+        elif isinstance(value, dict) and "__object__" in value:
+            _restore_layer(getattr(layer, name), value["__object__"])
+        else:
+            setattr(layer, name, decode(value))
+
+
+def _layers(env: Any) -> list[Any]:
+    """The wrapper chain from ``env`` down to (and including) its innermost environment."""
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper | VectorWrapper):
+        layers.append(layers[-1].env)
+    return layers
+
+
+class EnvSnapshot(gym.Wrapper):
+    """Outermost wrapper of a sub-environment: exposes its whole state as the ``snapshot`` attribute.
+
+    Reading ``snapshot`` captures every wrapper layer and the base environment; assigning to it
+    restores them. It also remembers whether the last step ended the episode, because under
+    next-step autoreset the reset is still pending at that point: a restored environment performs
+    that pending reset on its next ``step``, exactly as the vector environment would have.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._episode_over = False
+        self._pending_reset = False
+
+    def reset(self, **kwargs):
+        self._episode_over = self._pending_reset = False
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        if self._pending_reset:
+            obs, info = self.reset()
+            return obs, 0.0, False, False, info
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._episode_over = bool(terminated or truncated)
+        return obs, reward, terminated, truncated, info
+
+    @property
+    def snapshot(self) -> dict[str, Any]:
+        layers = _layers(self.env)
+        return {"episode_over": self._episode_over, "layers": [_capture_layer(layer) for layer in layers]}
+
+    @snapshot.setter
+    def snapshot(self, state: dict[str, Any]) -> None:
+        layers = _layers(self.env)
+        if len(layers) != len(state["layers"]):
+            raise ValueError(f"saved environment has {len(state['layers'])} wrapper layers, this one has {len(layers)}")
+        for layer, layer_state in zip(layers, state["layers"]):
+            _restore_layer(layer, layer_state)
+        self._episode_over = self._pending_reset = state["episode_over"]
+
+
+def _base(envs: VectorEnv) -> VectorEnv:
+    return _layers(envs)[-1]
+
+
+def get_vector_state(envs: VectorEnv) -> dict[str, Any]:
+    """State of every sub-environment (through ``EnvSnapshot``) and of every vector wrapper.
+
+    Must be called between steps of a next-step-autoreset vector env whose sub-environments
+    are wrapped (outermost) in :class:`EnvSnapshot`.
+    """
+    wrappers = _layers(envs)[:-1]
+    return {
+        "envs": list(_base(envs).get_attr("snapshot")),
+        "wrappers": [_capture_layer(w) for w in wrappers],
+    }
+
+
+def set_vector_state(envs: VectorEnv, state: dict[str, Any]) -> None:
+    """Restore what :func:`get_vector_state` captured into freshly made and reset ``envs``."""
+    base = _base(envs)
+    if len(state["envs"]) != base.num_envs:
+        raise ValueError(f"saved state has {len(state['envs'])} environments, this vector env has {base.num_envs}")
+    wrappers = _layers(envs)[:-1]
+    if len(wrappers) != len(state["wrappers"]):
+        raise ValueError("saved vector env has a different stack of vector wrappers")
+    base.set_attr("snapshot", list(state["envs"]))
+    for wrapper, wrapper_state in zip(wrappers, state["wrappers"]):
+        _restore_layer(wrapper, wrapper_state)
+
+
+class EnvWorkerError(RuntimeError):
+    """An environment worker process raised, died or stopped answering."""
+
+
+class WorkerGuard(VectorWrapper):
+    """Supervises the worker processes of an ``AsyncVectorEnv``.
+
+    Each ``reset``/``step`` waits at most ``timeout`` seconds. A worker that raised, exited or did
+    not answer in time turns into one :class:`EnvWorkerError` naming the env id, the worker index and
+    the cause; all worker processes are terminated before it is raised, so nothing is left behind.
+    """
+
+    def __init__(self, env: AsyncVectorEnv, env_id: str, timeout: float):
+        super().__init__(env)
+        if not isinstance(env, AsyncVectorEnv):
+            raise TypeError("WorkerGuard supervises an AsyncVectorEnv")
+        self.env_id = env_id
+        self.timeout = timeout
+
+    def reset(self, *, seed=None, options=None):
+        def call():
+            self.env.reset_async(seed=seed, options=options)
+            return self.env.reset_wait(timeout=self.timeout)
+
+        return self._guarded("reset", call)
+
+    def step(self, actions):
+        def call():
+            self.env.step_async(actions)
+            return self.env.step_wait(timeout=self.timeout)
+
+        return self._guarded("step", call)
+
+    def _guarded(self, what: str, call):
+        try:
+            return call()
+        except multiprocessing.TimeoutError:
+            # Workers that have not answered yet are the ones that hang.
+            pipes = self.env.parent_pipes
+            slow = [i for i, p in enumerate(pipes) if p is not None and not p.closed and not p.poll(0)]
+            cause = f"did not answer {what} within --env-timeout {self.timeout:g}s"
+            self._fail(slow or list(range(len(pipes))), cause)
+        except (EOFError, BrokenPipeError, ConnectionResetError) as e:
+            dead = [i for i, proc in enumerate(self.env.processes) if proc.exitcode is not None]
+            codes = {i: self.env.processes[i].exitcode for i in dead}
+            cause = (
+                "died (exit code " + ", ".join(f"{codes[i]}" for i in dead) + ")"
+                if dead
+                else f"lost its pipe ({type(e).__name__})"
+            )
+            self._fail(dead or list(range(len(self.env.processes))), cause)
+        except Exception as e:
+            failed = [i for i, p in enumerate(self.env.parent_pipes) if p is None]
+            if not failed:
+                raise
+            self._fail(failed, f"raised {type(e).__name__}: {e}")
+
+    def _fail(self, workers: list[int], cause: str):
+        self.shutdown()
+        names = ", ".join(str(i) for i in workers)
+        noun = "worker" if len(workers) == 1 else "workers"
+        raise EnvWorkerError(f"env {noun} {names} of {self.env_id} {cause}") from None
+
+    def shutdown(self) -> None:
+        """Terminate every worker now, whatever state the pipes are in, then release the env."""
+        for proc in self.env.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.env.processes:
+            proc.join(2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2)
+        # The pending step/reset can never complete now; skip waiting for it in close().
+        self.env._state = AsyncState.DEFAULT
+        try:
+            self.env.close(terminate=True)
+        except Exception:
+            pass
