@@ -19,12 +19,14 @@ tests/test_learning.py (CartPole-v1 reaches 450 within 100k steps).
 """
 
 import dataclasses
+import importlib
 import multiprocessing
 import os
 import random
 import signal
 import sys
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,9 +147,12 @@ def validate(args: Args) -> None:
             f"--total-timesteps {args.total_timesteps}: must be at least one iteration, "
             f"num_envs * num_steps = {batch_size}"
         )
+    module, _, env_name = args.env_id.rpartition(":")
     try:
-        gym.spec(args.env_id)
-    except gym.error.Error as e:
+        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
+            importlib.import_module(module)
+        gym.spec(env_name)
+    except (ImportError, gym.error.Error) as e:
         fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
 
 
@@ -348,7 +353,7 @@ def main() -> None:
     if args.track:
         import wandb
 
-        wandb_id = wandb_id or wandb.util.generate_id()
+        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
         wandb.init(
             project=args.wandb_project_name,
             entity=args.wandb_entity,

@@ -47,7 +47,7 @@ def encode(value: Any) -> Any:
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.hasobject:
             raise Unencodable(f"numpy array of dtype {value.dtype}")
-        array = np.ascontiguousarray(value)
+        array = np.array(value, order="C")  # 0-d for a scalar (ascontiguousarray would make it 1-d)
         return {
             "__ndarray__": torch.from_numpy(array.reshape(-1).view(np.uint8).copy()),
             "dtype": array.dtype.str,
@@ -175,7 +175,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except pickle.UnpicklingError as e:
         wanted = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         reason = f"it asks to import {wanted.group(1)}" if wanted else "it holds more than tensors and plain values"
-        raise CheckpointError(f"checkpoint {path} is refused: not weights-only, {reason}; it was not unpickled") from None
+        raise CheckpointError(
+            f"checkpoint {path} is refused: not weights-only, {reason}; it was not unpickled"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {first_line}") from None

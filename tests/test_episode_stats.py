@@ -1,0 +1,35 @@
+"""Invariant tier: logged episode statistics equal the true ones under next-step autoreset."""
+
+import pytest
+
+from tests.conftest import only_run_dir, read_scalars, run_script
+from tests.known_env import expected_episodes
+
+
+@pytest.mark.parametrize("vector_mode", ["sync", "async"])
+def test_ppo_logs_the_true_episode_returns(tmp_path, vector_mode):
+    num_envs, num_steps, iterations, seed = 3, 16, 3, 5
+    run_script(
+        "ppo.py",
+        "--env-id", "tests.known_env:KnownReturns-v0",
+        "--vector-mode", vector_mode,
+        "--seed", str(seed),
+        "--num-envs", str(num_envs),
+        "--num-steps", str(num_steps),
+        "--num-minibatches", "2",
+        "--update-epochs", "1",
+        "--total-timesteps", str(num_envs * num_steps * iterations),
+        cwd=tmp_path,
+    )  # fmt: skip
+    scalars = read_scalars(only_run_dir(tmp_path))
+    logged = sorted(
+        (step, ret, int(length))
+        for (step, ret), (_, length) in zip(scalars["charts/episodic_return"], scalars["charts/episodic_length"])
+    )
+    expected = sorted(
+        (end * num_envs, ret, length)
+        for i in range(num_envs)
+        for end, ret, length in expected_episodes(seed + i, num_steps * iterations)
+    )
+    assert len(expected) > 3 * num_envs  # several episodes per env, both endings
+    assert logged == expected

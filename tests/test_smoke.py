@@ -1,0 +1,62 @@
+"""Smoke tier: each script runs a few iterations and writes the expected, finite scalars."""
+
+import math
+
+import pytest
+
+from tests.conftest import only_run_dir, read_scalars, run_script
+
+COMMON_TAGS = {
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "perf/env_time",
+    "perf/inference_time",
+    "perf/learn_time",
+    "perf/cpu_util",
+}
+
+SMOKE = {
+    "ppo.py": ["--num-envs", "4", "--num-steps", "64", "--total-timesteps", "1024"],
+    "ppo.py-async": ["--vector-mode", "async", "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "512"],
+}
+
+
+@pytest.mark.parametrize("case", list(SMOKE))
+def test_script_writes_expected_scalars(tmp_path, case):
+    script = case.split("-")[0]
+    run_script(script, *SMOKE[case], "--run-name", "smoke", cwd=tmp_path)
+    run_dir = only_run_dir(tmp_path)
+    scalars = read_scalars(run_dir)
+    assert scalars.keys() >= COMMON_TAGS, COMMON_TAGS - scalars.keys()
+    for tag, points in scalars.items():
+        if tag.startswith("losses/") and tag != "losses/explained_variance":
+            assert all(math.isfinite(v) for _, v in points), tag
+    assert all(v > 0 for _, v in scalars["charts/SPS"])
+    assert any(v > 0 for _, v in scalars["perf/env_time"])
+    assert (run_dir / "checkpoints").is_dir()
+
+
+def test_track_keeps_the_wandb_key_out_of_every_file(tmp_path):
+    secret = "0123456789abcdef0123456789abcdef01234567"
+    proc = run_script(
+        "ppo.py",
+        "--track",
+        "--num-envs", "2",
+        "--num-steps", "32",
+        "--total-timesteps", "128",
+        cwd=tmp_path,
+        env={"WANDB_API_KEY": secret, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert secret not in proc.stdout and secret not in proc.stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any("wandb" in str(p) for p in files)  # W&B did write its offline run
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), path
