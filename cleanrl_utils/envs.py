@@ -55,6 +55,8 @@ def _is_stats_object(value: Any) -> bool:
 
 def _capture_layer(layer: Any) -> dict[str, Any]:
     state: dict[str, Any] = {}
+    if type(layer).__name__ == "RecordVideo":
+        return state  # recording is not part of the dynamics; a resumed run starts a new video
     for name, value in vars(layer).items():
         if name in _STRUCTURAL:
             continue
@@ -255,3 +257,33 @@ class WorkerGuard(VectorWrapper):
             self.env.close(terminate=True)
         except Exception:
             pass
+
+
+class EpisodeVideo:
+    """Video of one env for vector envs without ``RecordVideo`` (EnvPool): feed it rendered frames.
+
+    Frames are kept only for the episodes that gymnasium's capped cubic schedule picks
+    (0, 1, 8, 27, ..., then every 1000th), and each picked episode is written as an mp4.
+    """
+
+    def __init__(self, folder: str, fps: int = 30):
+        self.folder, self.fps = folder, fps
+        self.episode = 0
+        self.frames: list[np.ndarray] = []
+
+    @property
+    def recording(self) -> bool:
+        from gymnasium.utils.save_video import capped_cubic_video_schedule
+
+        return capped_cubic_video_schedule(self.episode)
+
+    def add(self, frame: np.ndarray) -> None:
+        self.frames.append(frame)
+
+    def end_episode(self) -> None:
+        if self.frames:
+            from gymnasium.utils.save_video import save_video
+
+            save_video(self.frames, self.folder, episode_index=self.episode, fps=self.fps)
+        self.frames = []
+        self.episode += 1

@@ -1,0 +1,556 @@
+"""PPO for continuous control (HalfCheetah-v4 by default; any gymnasium env with Box actions).
+
+Launch:
+    python cleanrl/ppo_continuous_action.py                          # HalfCheetah-v4, 1M steps
+    python cleanrl/ppo_continuous_action.py --env-id Hopper-v4 --num-envs 4 --vector-mode async
+    python cleanrl/ppo_continuous_action.py --env-id Pendulum-v1     # no MuJoCo needed
+    python cleanrl/ppo_continuous_action.py --resume runs/<run-name>
+    tensorboard --logdir runs
+
+Normalisation: observations and rewards are normalised by gymnasium's *vector* wrappers, so all
+envs share one set of running statistics (kept in this process even with async envs). Both are
+saved in every checkpoint (under ``normalization`` and inside the env state), so a resumed run
+and an evaluation see the same scaling. ``charts/episodic_return`` is the raw, unnormalised return.
+
+Autoreset: next-step (gymnasium's default). The step that ends an episode returns its real final
+observation (normalised like any other); the next ``step`` only resets that env. Such reset steps
+stay in the rollout but are dropped from the training batch. Termination stops bootstrapping;
+truncation (the time limit, 1000 steps in MuJoCo) bootstraps from the final observation's value.
+
+Reference figures: benchmark/ppo_throughput.sh.
+"""
+
+import dataclasses
+import importlib
+import math
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from gymnasium.vector import AutoresetMode
+from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from cleanrl_utils.envs import EnvSnapshot, EnvWorkerError, WorkerGuard, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import Progress, ResourceMonitor
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; env i is seeded with seed + i"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = False
+    """if toggled, train on CUDA when available (a small MLP is faster on the CPU)"""
+    threads: int = 1
+    """torch intra-op threads of this process (1 is fastest for a small MLP)"""
+    track: bool = False
+    """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
+    wandb_project_name: str = "cleanrl"
+    """the W&B project"""
+    wandb_entity: str | None = None
+    """the W&B entity (team); None for the key's default"""
+    capture_video: bool = False
+    """if toggled, record videos of env 0 into runs/<run-name>/videos"""
+    run_name: str | None = None
+    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
+    checkpoint_interval: int = 50
+    """write a checkpoint every this many iterations (0: only at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    progress: bool = True
+    """show live progress on the console (plain periodic lines when it is not a terminal)"""
+
+    # Algorithm specific arguments
+    env_id: str = "HalfCheetah-v4"
+    """the id of the gymnasium environment (Box actions and observations)"""
+    vector_mode: Literal["sync", "async"] = "sync"
+    """sync: envs step in this process; async: one worker process per env"""
+    env_timeout: float = 60.0
+    """seconds an async env worker may take for one reset or step before the run stops"""
+    total_timesteps: int = 1_000_000
+    """total env steps of the run, summed over envs"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    num_steps: int = 2048
+    """the number of steps per env per rollout"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to 0 over the run"""
+    gamma: float = 0.99
+    """the discount factor"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches per epoch"""
+    update_epochs: int = 10
+    """the number of epochs over each rollout"""
+    norm_adv: bool = True
+    """if toggled, normalise advantages within each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as in the PPO paper's implementation"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm of the gradient"""
+    clip_obs: float = 10.0
+    """normalised observations are clipped to [-clip_obs, clip_obs]"""
+    clip_reward: float = 10.0
+    """normalised rewards are clipped to [-clip_reward, clip_reward]"""
+    target_kl: float | None = None
+    """stop the epochs of an update early once the approximate KL exceeds this"""
+
+
+def validate(args: Args) -> None:
+    """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
+    for name in ("learning_rate", "clip_coef", "env_timeout", "max_grad_norm", "clip_obs", "clip_reward"):
+        if not getattr(args, name) > 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma {args.gamma}: must be in (0, 1]")
+    if not 0.0 <= args.gae_lambda <= 1.0:
+        fail(f"--gae-lambda {args.gae_lambda}: must be in [0, 1]")
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        fail(
+            f"--num-minibatches {args.num_minibatches}: must divide the batch size num_envs * num_steps = {batch_size}"
+        )
+    if args.total_timesteps < batch_size:
+        fail(
+            f"--total-timesteps {args.total_timesteps}: must be at least one iteration, "
+            f"num_envs * num_steps = {batch_size}"
+        )
+    module, _, env_name = args.env_id.rpartition(":")
+    try:
+        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
+            importlib.import_module(module)
+        gym.spec(env_name)
+    except (ImportError, gym.error.Error) as e:
+        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    def thunk():
+        if multiprocessing.parent_process() is not None:
+            # An async worker: Ctrl-C is for the main process, which checkpoints and stops us.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_dir)
+        else:
+            env = gym.make(env_id)
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.ClipAction(env)  # the policy's Gaussian samples are unbounded
+        return EnvSnapshot(env)
+
+    return thunk
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Separate value and mean networks; a state-independent log standard deviation."""
+
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, action_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x).squeeze(-1)
+
+    def act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions; return them with their log-probabilities and the state values."""
+        mean = self.actor_mean(x)
+        logstd = self.actor_logstd.expand_as(mean)
+        action = mean + logstd.exp() * torch.randn_like(mean)
+        return action, gaussian_log_prob(action, mean, logstd), self.get_value(x)
+
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probabilities of ``action``, policy entropy and state values."""
+        mean = self.actor_mean(x)
+        logstd = self.actor_logstd.expand_as(mean)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + logstd).sum(-1)
+        return gaussian_log_prob(action, mean, logstd), entropy, self.get_value(x)
+
+
+def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, logstd: torch.Tensor) -> torch.Tensor:
+    """Log-density of a diagonal Gaussian, summed over action dimensions."""
+    return (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def compute_gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_value: np.ndarray,
+    terminations: np.ndarray,
+    dones: np.ndarray,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalized advantage estimation over a (num_steps, num_envs) rollout.
+
+    ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation that
+    step t returned: under next-step autoreset that is the real final observation when step t
+    ended an episode. ``terminations[t]`` stops bootstrapping from it; ``dones[t]`` (terminated or
+    truncated) stops the advantage recursion, so a truncated step keeps its bootstrap value.
+    Returns (advantages, returns).
+    """
+    num_steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    lastgaelam = np.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
+        lastgaelam = delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldvalue: torch.Tensor,
+    returns: torch.Tensor,
+    clip_coef: float,
+    clip_vloss: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped surrogate policy loss and (optionally clipped) value loss, both to be minimised."""
+    ratio = (newlogprob - oldlogprob).exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    if clip_vloss:
+        v_clipped = oldvalue + (newvalue - oldvalue).clamp(-clip_coef, clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    return pg_loss, v_loss
+
+
+class StopRequested:
+    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    checkpoint = None
+    if args.resume:
+        try:
+            checkpoint = load_checkpoint(resolve_resume(args.resume))
+        except CheckpointError as e:
+            fail(str(e))
+        args = Args(**checkpoint["args"])
+    validate(args)
+
+    batch_size = args.num_envs * args.num_steps
+    num_iterations = args.total_timesteps // batch_size
+    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]
+    run_dir = Path("runs") / run_name
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # ENV SETUP
+    env_fns = [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)]
+    if args.vector_mode == "sync":
+        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+    else:
+        envs = WorkerGuard(
+            gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP), args.env_id, args.env_timeout
+        )
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        envs.close()
+        fail(f"--env-id {args.env_id}: needs a continuous (Box) action space, got {envs.single_action_space}")
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # inside the normalisation: raw returns
+    envs = obs_norm = gym.wrappers.vector.NormalizeObservation(envs)
+    envs = gym.wrappers.vector.TransformObservation(envs, lambda o: np.clip(o, -args.clip_obs, args.clip_obs))
+    envs = reward_norm = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout below assumes next-step autoreset"
+    obs_shape = envs.single_observation_space.shape
+    action_shape = envs.single_action_space.shape
+
+    agent = Agent(int(np.prod(obs_shape)), int(np.prod(action_shape))).to(device)
+    # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    # ROLLOUT STORAGE in host memory: per-step numpy writes cost ~1us where a tensor copy costs ~5us.
+    # Step t holds obs_t, the action taken in it and what stepping returned.
+    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.float32)
+    actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.float32)
+    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    valid = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+
+    next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
+    next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
+    start_iteration, global_step, wandb_id = 1, 0, None
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        set_vector_state(envs, checkpoint["envs"])
+        set_rng_state(checkpoint["rng"])
+        next_obs = checkpoint["next_obs"].numpy()
+        next_done = checkpoint["next_done"].numpy()
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        wandb_id = checkpoint["wandb_id"]
+
+    # LOGGING SETUP (the run directory exists only from here on)
+    if args.track:
+        import wandb
+
+        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=dataclasses.asdict(args),
+            name=run_name,
+            id=wandb_id,
+            resume="allow",
+            dir=str(run_dir),
+            save_code=True,
+        )
+    writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
+    )
+
+    def write_checkpoint(iteration: int) -> Path:
+        state = {
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "args": dataclasses.asdict(args),
+            "run_name": run_name,
+            "iteration": iteration,
+            "global_step": global_step,
+            "rng": rng_state(),
+            "envs": get_vector_state(envs),
+            "next_obs": torch.from_numpy(np.array(next_obs)),
+            "next_done": torch.from_numpy(next_done.copy()),
+            "wandb_id": wandb_id,
+            "normalization": {  # also inside "envs"; here for evaluation without rebuilding the envs
+                "obs_mean": torch.from_numpy(np.array(obs_norm.obs_rms.mean)),
+                "obs_var": torch.from_numpy(np.array(obs_norm.obs_rms.var)),
+                "obs_count": float(obs_norm.obs_rms.count),
+                "return_var": float(reward_norm.return_rms.var),
+            },
+        }
+        return save_checkpoint(state, run_dir / "checkpoints", iteration)
+
+    stop = StopRequested()
+    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress)
+    monitor = ResourceMonitor(device)
+    recent_returns: deque[float] = deque(maxlen=20)
+    start_step, start_time = global_step, time.perf_counter()
+    iteration = start_iteration - 1
+    try:
+        for iteration in range(start_iteration, num_iterations + 1):
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            env_time = inference_time = 0.0
+
+            # ROLLOUT
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                valid[step] = ~next_done  # a step right after an episode end only resets that env
+
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    action, logprob, value = agent.act(torch.as_tensor(obs[step], device=device))
+                actions[step], logprobs[step], values[step] = (
+                    action.cpu().numpy(),
+                    logprob.cpu().numpy(),
+                    value.cpu().numpy(),
+                )
+                t1 = time.perf_counter()
+                next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
+                t2 = time.perf_counter()
+                env_time += t2 - t1
+                inference_time += t1 - t0
+
+                next_done = np.logical_or(terminated, truncated)
+                rewards[step], terminations[step], dones[step] = reward, terminated, next_done
+                if "_episode" in infos:
+                    for i in np.flatnonzero(infos["_episode"]):
+                        episodic_return = float(infos["episode"]["r"][i])
+                        recent_returns.append(episodic_return)
+                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                        writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+
+            # ADVANTAGES
+            learn_start = time.perf_counter()
+            with torch.inference_mode():
+                next_value = (
+                    agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32, device=device)).cpu().numpy()
+                )
+            advantages, returns = compute_gae(
+                rewards, values, next_value, terminations, dones, args.gamma, args.gae_lambda
+            )
+
+            # UPDATE: only real transitions enter the batch (reset steps are left out).
+            b_valid = valid.reshape(-1)
+            b_obs = torch.as_tensor(obs.reshape((-1, *obs_shape))[b_valid], device=device)
+            b_logprobs = torch.as_tensor(logprobs.reshape(-1)[b_valid], device=device)
+            b_actions = torch.as_tensor(actions.reshape((-1, *action_shape))[b_valid], device=device)
+            b_advantages = torch.as_tensor(advantages.reshape(-1)[b_valid], device=device)
+            b_returns = torch.as_tensor(returns.reshape(-1)[b_valid], device=device)
+            b_values = torch.as_tensor(values.reshape(-1)[b_valid], device=device)
+            clipfracs = []
+            for _epoch in range(args.update_epochs):
+                b_inds = torch.randperm(b_obs.shape[0], device=device)
+                for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
+                    newlogprob, entropy, newvalue = agent.evaluate(b_obs[mb_inds], b_actions[mb_inds])
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    with torch.no_grad():
+                        ratio = logratio.exp()
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv and mb_advantages.numel() > 1:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    pg_loss, v_loss = ppo_loss(
+                        newlogprob,
+                        b_logprobs[mb_inds],
+                        mb_advantages,
+                        newvalue,
+                        b_values[mb_inds],
+                        b_returns[mb_inds],
+                        args.clip_coef,
+                        args.clip_vloss,
+                    )
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+            learn_time = time.perf_counter() - learn_start
+
+            # LOGGING
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            sps = (global_step - start_step) / (time.perf_counter() - start_time)
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("perf/env_time", env_time, global_step)
+            writer.add_scalar("perf/inference_time", inference_time, global_step)
+            writer.add_scalar("perf/learn_time", learn_time, global_step)
+            for name, value in monitor.sample().items():
+                writer.add_scalar(f"perf/{name}", value, global_step)
+            progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+
+            # CHECKPOINT
+            if stop.signum is not None:
+                path = write_checkpoint(iteration)
+                print(f"stopped by signal {stop.signum} at iteration {iteration}; checkpoint {path}", file=sys.stderr)
+                sys.exit(128 + stop.signum)
+            if args.checkpoint_interval and iteration % args.checkpoint_interval == 0 and iteration < num_iterations:
+                write_checkpoint(iteration)
+        write_checkpoint(iteration)
+    except EnvWorkerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        progress.close()
+        envs.close()
+        writer.close()
+        if args.track:
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main()
