@@ -179,7 +179,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
         else:
             env = gym.make(env_id)
         env = gym.wrappers.FlattenObservation(env)
-        env = gym.wrappers.ClipAction(env)  # the policy's Gaussian samples are unbounded
+        if isinstance(env.action_space, gym.spaces.Box):  # (other spaces are refused in main)
+            env = gym.wrappers.ClipAction(env)  # the policy's Gaussian samples are unbounded
         return EnvSnapshot(env)
 
     return thunk

@@ -41,9 +41,13 @@ def run_script(
     timeout: float = 300,
     env: dict[str, str] | None = None,
     check: bool = True,
+    launcher: Path | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``cleanrl/<script>`` with ``args`` in ``cwd``; fail the test on a non-zero exit if ``check``."""
-    cmd = [sys.executable, str(SCRIPTS / script), "--no-progress", *args]
+    """Run ``cleanrl/<script>`` with ``args`` in ``cwd``; fail the test on a non-zero exit if ``check``.
+
+    ``launcher`` runs the script through a helper (e.g. tests/fake_envpool.py) instead of directly.
+    """
+    cmd = [sys.executable, *([str(launcher)] if launcher else []), str(SCRIPTS / script), "--no-progress", *args]
     proc = subprocess.run(cmd, cwd=cwd, env=script_env(env), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import only_run_dir, read_scalars, run_script
+from tests.conftest import REPO, only_run_dir, read_scalars, run_script
 from tests.known_env import expected_episodes
 
 
@@ -32,4 +32,34 @@ def test_ppo_logs_the_true_episode_returns(tmp_path, vector_mode):
         for end, ret, length in expected_episodes(seed + i, num_steps * iterations)
     )
     assert len(expected) > 3 * num_envs  # several episodes per env, both endings
+    assert logged == expected
+
+
+def test_envpool_script_logs_whole_game_scores_under_next_step_autoreset(tmp_path):
+    from tests.fake_envpool import expected_games
+
+    num_envs, num_steps, iterations, seed = 3, 16, 4, 3
+    run_script(
+        "ppo_atari_envpool.py",
+        "--seed", str(seed),
+        "--num-envs", str(num_envs),
+        "--num-steps", str(num_steps),
+        "--num-minibatches", "2",
+        "--update-epochs", "1",
+        "--total-timesteps", str(num_envs * num_steps * iterations),
+        "--no-cuda",
+        cwd=tmp_path,
+        launcher=REPO / "tests/fake_envpool.py",
+    )  # fmt: skip
+    scalars = read_scalars(only_run_dir(tmp_path))
+    logged = sorted(
+        (step, ret, int(length))
+        for (step, ret), (_, length) in zip(scalars["charts/episodic_return"], scalars["charts/episodic_length"])
+    )
+    expected = sorted(
+        (end * num_envs, score, length)
+        for i in range(num_envs)
+        for end, score, length in expected_games(seed + i, num_steps * iterations)
+    )
+    assert len(expected) > 3 * num_envs
     assert logged == expected

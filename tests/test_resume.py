@@ -1,29 +1,26 @@
 """Invariant tier: determinism and exact checkpoint/resume."""
 
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
-from tests.conftest import final_checkpoint, run_script, same_parameters
+from tests.conftest import SCRIPTS, final_checkpoint, processes_with_marker, run_script, same_parameters, script_env
 
 # script and its small-budget flags
+SMALL_PPO = ["--num-envs", "4", "--num-steps", "32", "--update-epochs", "2", "--num-minibatches", "2"]
+SMALL_ATARI = ["--num-envs", "2", "--num-steps", "32", "--update-epochs", "1", "--num-minibatches", "2", "--no-cuda"]
 CASES = {
-    "ppo-sync": ("ppo.py", ["--num-envs", "4", "--num-steps", "32", "--update-epochs", "2", "--num-minibatches", "2"]),
-    "ppo-async": (
-        "ppo.py",
-        [
-            "--vector-mode",
-            "async",
-            "--num-envs",
-            "4",
-            "--num-steps",
-            "32",
-            "--update-epochs",
-            "2",
-            "--num-minibatches",
-            "2",
-        ],
+    "ppo-sync": ("ppo.py", SMALL_PPO),
+    "ppo-async": ("ppo.py", ["--vector-mode", "async", *SMALL_PPO]),
+    "ppo_atari-async": ("ppo_atari.py", ["--vector-mode", "async", *SMALL_ATARI]),
+    "ppo_continuous_action": (
+        "ppo_continuous_action.py",
+        ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2"],
     ),
 }
 
@@ -66,3 +63,49 @@ def test_same_seed_same_result_other_seed_differs(tmp_path):
         finals[name] = final_checkpoint(cwd / "runs/r")["model"]
     assert same_parameters(finals["first"], finals["again"])
     assert not same_parameters(finals["first"], finals["other"])
+
+
+def test_envpool_resume_continues_the_run(tmp_path):
+    # EnvPool has no env state to save: the resumed run is exact in everything but the games.
+    flags = ["--num-envs", "2", "--num-steps", "32", "--update-epochs", "1", "--num-minibatches", "2", "--no-cuda"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    run_script(
+        "ppo_atari_envpool.py",
+        *flags,
+        "--total-timesteps",
+        "384",
+        "--checkpoint-interval",
+        "3",
+        "--run-name",
+        "r",
+        cwd=a,
+    )
+    mid = a / "runs/r/checkpoints/ckpt_00000003.pt"
+    proc = run_script("ppo_atari_envpool.py", "--resume", str(mid), cwd=b)
+    resumed, midway = final_checkpoint(b / "runs/r"), torch.load(mid, weights_only=True)
+    assert resumed["iteration"] == 6 and resumed["global_step"] == 384
+    assert not same_parameters(midway["model"], resumed["model"])
+    assert proc.returncode == 0
+
+
+def test_interrupted_run_checkpoints_and_resumes(tmp_path, marker):
+    """Ctrl-C (SIGINT) ends the iteration, writes a checkpoint, stops every worker; --resume finishes the run."""
+    flags = ["--vector-mode", "async", *SMALL_PPO, "--total-timesteps", "200000", "--checkpoint-interval", "0"]
+    cmd = [sys.executable, str(SCRIPTS / "ppo.py"), "--no-progress", "--run-name", "r", *flags]
+    env = script_env({"CLEANRL_TEST_MARKER": marker})
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "runs/r").glob("events.out.tfevents.*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert "stopped by signal 2 at iteration" in stderr
+    time.sleep(0.5)
+    assert processes_with_marker(marker) == []
+    stopped = final_checkpoint(tmp_path / "runs/r")
+    assert 0 < stopped["global_step"] < 200000
+    saved_args = stopped["args"]  # what --resume runs/r would continue with
+    assert saved_args["total_timesteps"] == 200000 and saved_args["vector_mode"] == "async"

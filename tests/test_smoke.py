@@ -23,9 +23,24 @@ COMMON_TAGS = {
     "perf/cpu_util",
 }
 
+SMALL_ATARI = ["--num-envs", "2", "--num-steps", "128", "--total-timesteps", "512", "--no-cuda"]  # ends some games
 SMOKE = {
     "ppo.py": ["--num-envs", "4", "--num-steps", "64", "--total-timesteps", "1024"],
     "ppo.py-async": ["--vector-mode", "async", "--num-envs", "2", "--num-steps", "64", "--total-timesteps", "512"],
+    "ppo_atari.py": SMALL_ATARI,
+    "ppo_atari.py-async": ["--vector-mode", "async", *SMALL_ATARI],
+    "ppo_atari_envpool.py": SMALL_ATARI,
+    # HalfCheetah episodes last 1000 steps, so one ends within the 1024.
+    "ppo_continuous_action.py": [
+        "--num-steps",
+        "1024",
+        "--num-minibatches",
+        "8",
+        "--update-epochs",
+        "2",
+        "--total-timesteps",
+        "1024",
+    ],
 }
 
 
@@ -42,6 +57,11 @@ def test_script_writes_expected_scalars(tmp_path, case):
     assert all(v > 0 for _, v in scalars["charts/SPS"])
     assert any(v > 0 for _, v in scalars["perf/env_time"])
     assert (run_dir / "checkpoints").is_dir()
+
+
+def test_capture_video_writes_videos(tmp_path):
+    run_script("ppo_atari_envpool.py", *SMALL_ATARI, "--capture-video", "--run-name", "v", cwd=tmp_path)
+    assert list((tmp_path / "runs/v/videos").glob("*.mp4"))
 
 
 def test_track_keeps_the_wandb_key_out_of_every_file(tmp_path):

@@ -42,3 +42,30 @@ def test_unparseable_flag_exits_2(tmp_path):
     assert proc.returncode == 2
     assert "--num-envs" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+OTHER_RULES = [
+    ("ppo_atari.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari (ALE) environment"),
+    ("ppo_atari.py", ["--num-minibatches", "5"], "--num-minibatches 5: must divide the batch size"),
+    ("ppo_atari.py", ["--threads", "0"], "--threads 0: must be a positive integer"),
+    (
+        "ppo_atari_envpool.py",
+        ["--env-id", "BreakoutNoFrameskip-v4"],
+        "--env-id BreakoutNoFrameskip-v4: not an EnvPool task",
+    ),
+    ("ppo_atari_envpool.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari task of EnvPool"),
+    ("ppo_atari_envpool.py", ["--total-timesteps", "512"], "--total-timesteps 512: must be at least one iteration"),
+    (
+        "ppo_continuous_action.py",
+        ["--env-id", "CartPole-v1"],
+        "--env-id CartPole-v1: needs a continuous (Box) action space",
+    ),
+    ("ppo_continuous_action.py", ["--clip-obs", "0"], "--clip-obs 0.0: must be > 0"),
+    ("ppo_continuous_action.py", ["--num-envs", "0"], "--num-envs 0: must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("script, flags, fragment", OTHER_RULES, ids=[f"{s} {' '.join(f)}" for s, f, _ in OTHER_RULES])
+def test_other_scripts_reject_bad_input(tmp_path, script, flags, fragment):
+    proc = run_script(script, *flags, cwd=tmp_path, check=False, timeout=120)
+    assert_rejected(proc, fragment, tmp_path)

@@ -1,0 +1,102 @@
+"""A stand-in for ``envpool.make`` on Atari tasks whose games, and so whose scores, are known.
+
+It follows EnvPool's gymnasium API and semantics: next-step autoreset after a game over or a
+truncation (the following step ignores the action, returns reward 0, ``elapsed_step`` 0), episodic
+life (a lost life sets ``terminated`` but the game goes on without a reset step), clipped rewards
+with the raw score in ``info["reward"]`` and game over in ``info["terminated"]``.
+
+Game k of the env seeded s lasts ``game_length(s, k)`` steps, loses a life at a third and at two
+thirds of it, and step t pays a raw reward of t, so its score is L (L + 1) / 2. Every third game
+ends by truncation.
+"""
+
+import runpy
+import sys
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+
+def game_length(seed: int, k: int) -> int:
+    return 6 + (seed + 2 * k) % 7
+
+
+def expected_games(seed: int, steps: int) -> list[tuple[int, float, int]]:
+    """(vector step at which it ends, score, length) of each game one env completes in ``steps``."""
+    done, used, k = [], 0, 0
+    while True:
+        length = game_length(seed, k)
+        used += length + (1 if k > 0 else 0)
+        if used > steps:
+            return done
+        done.append((used, length * (length + 1) / 2, length))
+        k += 1
+
+
+class FakeAtariPool:
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": ["rgb_array"]}
+
+    def __init__(self, num_envs: int, seed: int):
+        self.num_envs = num_envs
+        self.single_observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(4)
+        self.seeds = [seed + i for i in range(num_envs)]
+        self.k = np.zeros(num_envs, dtype=np.int64)
+        self.t = np.zeros(num_envs, dtype=np.int64)
+        self.pending_reset = np.zeros(num_envs, dtype=bool)
+
+    def _obs(self):
+        obs = np.zeros((self.num_envs, 4, 84, 84), dtype=np.uint8)
+        obs[:, :, 0, 0] = self.t[:, None] % 256
+        return obs
+
+    def reset(self):
+        return self._obs(), {"elapsed_step": self.t.astype(np.int32)}
+
+    def step(self, actions):
+        assert actions.shape == (self.num_envs,) and actions.dtype == np.int32
+        reward = np.zeros(self.num_envs, dtype=np.float32)
+        raw = np.zeros(self.num_envs, dtype=np.float32)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        game_over = np.zeros(self.num_envs, dtype=np.int32)
+        for i in range(self.num_envs):
+            if self.pending_reset[i]:
+                self.pending_reset[i] = False
+                self.k[i] += 1
+                self.t[i] = 0
+                continue
+            self.t[i] += 1
+            length = game_length(self.seeds[i], int(self.k[i]))
+            raw[i], reward[i] = self.t[i], 1.0
+            if self.t[i] == length:
+                self.pending_reset[i] = True
+                if self.k[i] % 3 == 2:
+                    truncated[i] = True
+                else:
+                    terminated[i], game_over[i] = True, 1
+            elif self.t[i] in (length // 3, 2 * length // 3):
+                terminated[i] = True  # a lost life
+        info = {"reward": raw, "terminated": game_over, "elapsed_step": self.t.astype(np.int32)}
+        return self._obs(), reward, terminated, truncated, info
+
+    def render(self, env_ids):
+        return np.zeros((len(env_ids), 210, 160, 3), dtype=np.uint8)
+
+    def close(self):
+        pass
+
+
+def make(task_id, env_type, num_envs, seed, **kwargs):
+    assert env_type == "gymnasium"
+    return FakeAtariPool(num_envs, seed)
+
+
+if __name__ == "__main__":
+    # python tests/fake_envpool.py cleanrl/ppo_atari_envpool.py [flags]: run the script on fake games.
+    import envpool
+
+    envpool.make = make
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
