@@ -389,6 +389,7 @@ def main() -> None:
     recent_returns: deque[float] = deque(maxlen=20)
     start_step, start_time = global_step, time.perf_counter()
     iteration = start_iteration - 1
+    last_checkpoint: Path | None = None
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -489,6 +490,9 @@ def main() -> None:
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
             learn_time = time.perf_counter() - learn_start
+            if not torch.isfinite(loss):  # NaN/inf parameters would poison every later update
+                last = last_checkpoint or "none"
+                raise FloatingPointError(f"non-finite loss at iteration {iteration}; last good checkpoint: {last}")
 
             # LOGGING
             y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -517,8 +521,11 @@ def main() -> None:
                 print(f"stopped by signal {stop.signum} at iteration {iteration}; checkpoint {path}", file=sys.stderr)
                 sys.exit(128 + stop.signum)
             if args.checkpoint_interval and iteration % args.checkpoint_interval == 0 and iteration < num_iterations:
-                write_checkpoint(iteration)
+                last_checkpoint = write_checkpoint(iteration)
         write_checkpoint(iteration)
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     finally:
         progress.close()
         envs.close()

@@ -76,10 +76,14 @@ class KnownReturnsEnv(gym.Env):
         length = episode_length(self.first_seed, self.k)
         over = self.t >= length
         truncated = over and episode_ends_by_truncation(self.k)
-        return self._obs(), float(self.t), over and not truncated, truncated, {}
+        reward = float(self.t)
+        if self.fail == "nan" and self.first_seed == self.fail_seed and self.total_steps >= self.fail_step:
+            reward = float("nan")
+        return self._obs(), reward, over and not truncated, truncated, {}
 
 
 gym.register("KnownReturns-v0", entry_point=KnownReturnsEnv)
 gym.register("RaisingWorker-v0", entry_point=KnownReturnsEnv, kwargs={"fail": "raise"})
 gym.register("DyingWorker-v0", entry_point=KnownReturnsEnv, kwargs={"fail": "kill"})
 gym.register("HangingWorker-v0", entry_point=KnownReturnsEnv, kwargs={"fail": "hang"})
+gym.register("NaNReward-v0", entry_point=KnownReturnsEnv, kwargs={"fail": "nan", "fail_step": 100})

@@ -98,3 +98,27 @@ def test_plain_pickle_is_refused_without_unpickling(tmp_path):
     with pytest.raises(CheckpointError, match="not a torch checkpoint"):
         load_checkpoint(evil)
     assert not witness.exists()
+
+
+def test_non_finite_loss_stops_without_a_bad_checkpoint(tmp_path):
+    # env 1 pays NaN rewards from its 100th step on (iteration 4 of 32 steps); checkpoints every 2.
+    proc = run_script(
+        "ppo.py",
+        "--env-id", "tests.known_env:NaNReward-v0",
+        "--num-envs", "2",
+        "--num-steps", "32",
+        "--total-timesteps", "640",
+        "--checkpoint-interval", "2",
+        "--seed", "1",
+        "--run-name", "r",
+        cwd=tmp_path,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    last_good = tmp_path / "runs/r/checkpoints/ckpt_00000002.pt"
+    assert (
+        "error: non-finite loss at iteration 4; last good checkpoint: runs/r/checkpoints/ckpt_00000002.pt"
+        in proc.stderr
+    )
+    assert sorted(p.name for p in last_good.parent.glob("ckpt_*.pt")) == ["ckpt_00000002.pt"]
+    assert all(torch.isfinite(v).all() for v in load_checkpoint(last_good)["model"].values())
