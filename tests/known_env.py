@@ -23,19 +23,20 @@ def episode_ends_by_truncation(k: int) -> bool:
     return k % 3 == 2
 
 
-def expected_episodes(seed: int, steps: int) -> list[tuple[int, float, int]]:
+def expected_episodes(seed: int, steps: int, length=episode_length) -> list[tuple[int, float, int]]:
     """(vector step at which it ends, return, length) of each episode one env completes in ``steps``.
 
-    Vector steps count from 1. Under next-step autoreset every episode after the first starts
-    with one reset step that belongs to no episode.
+    Vector steps count from 1; episode k lasts ``length(seed, k)`` steps and step t pays t. Under
+    next-step autoreset every episode after the first starts with one reset step that belongs
+    to no episode.
     """
     done, used, k = [], 0, 0
     while True:
-        length = episode_length(seed, k)
-        used += length + (1 if k > 0 else 0)
+        n = length(seed, k)
+        used += n + (1 if k > 0 else 0)
         if used > steps:
             return done
-        done.append((used, length * (length + 1) / 2, length))
+        done.append((used, n * (n + 1) / 2, n))
         k += 1
 
 

@@ -6,6 +6,13 @@ from tests.conftest import REPO, only_run_dir, read_scalars, run_script
 from tests.known_env import expected_episodes
 
 
+def logged_episodes(cwd) -> list[tuple[int, float, int]]:
+    """(global step, return, length) of every episode the run in ``cwd`` logged, sorted."""
+    scalars = read_scalars(only_run_dir(cwd))
+    pairs = zip(scalars["charts/episodic_return"], scalars["charts/episodic_length"])
+    return sorted((step, ret, int(length)) for (step, ret), (_, length) in pairs)
+
+
 @pytest.mark.parametrize("vector_mode", ["sync", "async"])
 def test_ppo_logs_the_true_episode_returns(tmp_path, vector_mode):
     num_envs, num_steps, iterations, seed = 3, 16, 3, 5
@@ -21,11 +28,7 @@ def test_ppo_logs_the_true_episode_returns(tmp_path, vector_mode):
         "--total-timesteps", str(num_envs * num_steps * iterations),
         cwd=tmp_path,
     )  # fmt: skip
-    scalars = read_scalars(only_run_dir(tmp_path))
-    logged = sorted(
-        (step, ret, int(length))
-        for (step, ret), (_, length) in zip(scalars["charts/episodic_return"], scalars["charts/episodic_length"])
-    )
+    logged = logged_episodes(tmp_path)
     expected = sorted(
         (end * num_envs, ret, length)
         for i in range(num_envs)
@@ -51,11 +54,7 @@ def test_envpool_script_logs_whole_game_scores_under_next_step_autoreset(tmp_pat
         cwd=tmp_path,
         launcher=REPO / "tests/fake_envpool.py",
     )  # fmt: skip
-    scalars = read_scalars(only_run_dir(tmp_path))
-    logged = sorted(
-        (step, ret, int(length))
-        for (step, ret), (_, length) in zip(scalars["charts/episodic_return"], scalars["charts/episodic_length"])
-    )
+    logged = logged_episodes(tmp_path)
     expected = sorted(
         (end * num_envs, score, length)
         for i in range(num_envs)
