@@ -1,0 +1,294 @@
+"""Distributed tier: ppo_atari_multigpu.py under torchrun with 2 processes on gloo (CPU)."""
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from cleanrl.ppo_atari_multigpu import Agent, all_reduce_mean_
+from tests.conftest import (
+    REPO,
+    SCRIPTS,
+    final_checkpoint,
+    processes_with_marker,
+    read_scalars,
+    same_parameters,
+    script_env,
+)
+
+SCRIPT = str(SCRIPTS / "ppo_atari_multigpu.py")
+SMALL = [
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "32",
+    "--update-epochs",
+    "2",
+    "--num-minibatches",
+    "2",
+    "--no-cuda",
+    "--no-progress",
+]
+
+
+def torchrun(*args: str, nproc: int = 2, cwd, timeout: float = 240, env=None, extra=()) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *extra, *args]
+    return subprocess.run(cmd, cwd=cwd, env=script_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--grad-compression", "bf16"], ["--sync-every", "4"]],
+    ids=["exact", "bf16", "local-sgd"],
+)
+def test_ranks_keep_identical_parameters_and_distinct_seeds(tmp_path, flags):
+    checked(torchrun(SCRIPT, *SMALL, "--total-timesteps", "384", "--run-name", "r", *flags, cwd=tmp_path))
+    ckpt = final_checkpoint(tmp_path / "runs/r")
+    assert ckpt["global_step"] == 384 and ckpt["world_size"] == 2
+    digests = [r["parameters_sha256"] for r in ckpt["ranks"]]
+    assert len(set(digests)) == 1  # bitwise equal on both ranks (after the end-of-iteration sync for local SGD)
+    seeds = [s for r in ckpt["ranks"] for s in r["env_seeds"]]
+    assert sorted(seeds) == [1, 2, 3, 4]
+    if flags == ["--sync-every", "4"]:
+        assert "local_optimizer" in ckpt["ranks"][1]
+    scalars = read_scalars(tmp_path / "runs/r")
+    assert {"charts/SPS", "perf/SPS_rank0", "perf/SPS_rank1", "perf/comm_time", "losses/value_loss"} <= scalars.keys()
+    assert all(v > 0 for _, v in scalars["perf/comm_time"])
+    assert all(np.isfinite(v) for _, v in scalars["losses/value_loss"])
+
+
+def test_single_process_matches_ppo_atari(tmp_path):
+    flags = [
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "32",
+        "--update-epochs",
+        "1",
+        "--num-minibatches",
+        "2",
+        "--no-cuda",
+        "--no-progress",
+    ]
+    flags += ["--total-timesteps", "128", "--run-name", "r", "--threads", "1"]
+    for script in ("ppo_atari.py", "ppo_atari_multigpu.py"):
+        (tmp_path / script).mkdir()
+        env = script_env()
+        subprocess.run(
+            [sys.executable, str(SCRIPTS / script), *flags],
+            cwd=tmp_path / script,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+    a = final_checkpoint(tmp_path / "ppo_atari.py/runs/r")["model"]
+    b = final_checkpoint(tmp_path / "ppo_atari_multigpu.py/runs/r")["model"]
+    assert same_parameters(a, b)
+
+
+def _grad_worker(rank: int, world: int, init_file: str, compression: str, queue) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    agent = Agent(4)
+    data = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8, generator=data)
+    actions = torch.randint(0, 4, (16,), generator=data)
+    half = slice(rank * 8, rank * 8 + 8)
+    logprob, entropy, value = agent.evaluate(obs[half], actions[half])
+    (-(logprob.mean()) + value.pow(2).mean() - 0.01 * entropy.mean()).backward()
+    grads = [p.grad for p in agent.parameters()]
+    all_reduce_mean_(grads, world, compression)
+    params = [p.data.clone() + rank for p in agent.parameters()]  # different on each rank...
+    all_reduce_mean_(params, world)  # ...until averaged (the local-SGD sync)
+    # numpy arrays travel by value (torch tensors would be shared through this process, which exits)
+    queue.put((rank, [g.numpy().copy() for g in grads], [p.numpy().copy() for p in params]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _all_reduced(tmp_path, compression: str):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    init_file = str(tmp_path / f"init_{compression}")
+    procs = [ctx.Process(target=_grad_worker, args=(r, 2, init_file, compression, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        rank, grads, params = queue.get(timeout=120)
+        results[rank] = ([torch.from_numpy(g) for g in grads], [torch.from_numpy(p) for p in params])
+    for p in procs:
+        p.join(30)
+    return results
+
+
+@pytest.mark.parametrize("compression, tolerance", [("none", 1e-5), ("bf16", 1e-2)])
+def test_all_reduced_gradient_equals_the_combined_batch_gradient(tmp_path, compression, tolerance):
+    """2 ranks x 8 samples, averaged, equal 1 process x 16 samples (the loss is a mean over samples).
+
+    Tolerance: 1e-5 of the largest gradient entry in fp32 (summation order); 1e-2 with bf16 on the
+    wire (8 mantissa bits: a relative rounding error of at most 2**-8 = 0.4% per value).
+    """
+    results = _all_reduced(tmp_path, compression)
+    torch.manual_seed(0)
+    agent = Agent(4)
+    data = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8, generator=data)
+    actions = torch.randint(0, 4, (16,), generator=data)
+    logprob, entropy, value = agent.evaluate(obs, actions)
+    (-(logprob.mean()) + value.pow(2).mean() - 0.01 * entropy.mean()).backward()
+    for rank in (0, 1):
+        for reduced, p in zip(results[rank][0], agent.parameters()):
+            scale = p.grad.abs().max().item()
+            assert (reduced - p.grad).abs().max().item() <= tolerance * scale + 1e-12
+    assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))  # same bits on every rank
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))  # parameters equal after a sync
+    assert torch.allclose(results[0][1][0], next(agent.parameters()).data + 0.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_localhost(tmp_path):
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=1"]
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=twonodes", SCRIPT]
+        cmd += [*SMALL, "--total-timesteps", "256", "--run-name", "r"]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
+    ckpt = final_checkpoint(tmp_path / "runs/r")
+    assert ckpt["world_size"] == 2 and ckpt["global_step"] == 256
+    assert len({r["parameters_sha256"] for r in ckpt["ranks"]}) == 1
+
+
+def _kill_rank_after_checkpoint(tmp_path, marker: str, rank: str) -> None:
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "runs/r/checkpoints/ckpt_00000002.pt").exists():
+        assert time.monotonic() < deadline, "no checkpoint"
+        time.sleep(0.1)
+    for proc in processes_with_marker(marker):
+        env = proc.environ()
+        if (
+            env.get("RANK") == rank
+            and env.get("TORCHELASTIC_RESTART_COUNT") == "0"
+            and "ppo_atari_multigpu" in " ".join(proc.cmdline())
+        ):
+            proc.kill()
+            return
+    raise AssertionError("rank not found")
+
+
+@pytest.mark.parametrize("restarts", [1, 0])
+def test_killed_rank(tmp_path, marker, restarts):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--max-restarts={restarts}",
+    ]
+    cmd += [SCRIPT, *SMALL, "--total-timesteps", "1024", "--checkpoint-interval", "2", "--run-name", "r"]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=script_env({"CLEANRL_TEST_MARKER": marker}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    _kill_rank_after_checkpoint(tmp_path, marker, "1")
+    out, _ = proc.communicate(timeout=240)
+    time.sleep(0.5)
+    assert processes_with_marker(marker) == []
+    final = final_checkpoint(tmp_path / "runs/r")
+    if restarts:
+        assert proc.returncode == 0, out[-4000:]
+        assert "resuming from runs/r/checkpoints/ckpt_" in out
+        assert final["global_step"] == 1024 and final["iteration"] == 8
+        assert len({r["parameters_sha256"] for r in final["ranks"]}) == 1
+    else:
+        assert proc.returncode != 0
+        assert 0 < final["global_step"] < 1024  # the last checkpoint before the kill loads
+
+
+def test_nan_on_one_rank_stops_every_rank(tmp_path):
+    # rank 1's envs pay NaN from their 70th step (iteration 3 of 32 steps); checkpoints every 2 iterations.
+    proc = torchrun(
+        str(REPO / "tests/inject_nan.py"), SCRIPT, *SMALL, "--total-timesteps", "768", "--checkpoint-interval", "2", "--run-name", "r",
+        cwd=tmp_path, env={"NAN_RANK": "1", "NAN_AFTER_STEPS": "70"},
+    )  # fmt: skip
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    message = (
+        "error: non-finite gradient norm at iteration 3; last good checkpoint: runs/r/checkpoints/ckpt_00000002.pt"
+    )
+    assert output.count(message) == 1, output[-4000:]
+    assert sorted(p.name for p in (tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt")) == ["ckpt_00000002.pt"]
+
+
+def test_ctrl_c_checkpoints_every_rank_at_one_iteration(tmp_path, marker):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", SCRIPT]
+    cmd += [*SMALL, "--total-timesteps", "100000", "--checkpoint-interval", "0", "--run-name", "r"]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=script_env({"CLEANRL_TEST_MARKER": marker}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    while not list((tmp_path / "runs/r").glob("events.out.tfevents.*")):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does: every process of the group
+    out, _ = proc.communicate(timeout=120)
+    time.sleep(0.5)
+    assert processes_with_marker(marker) == []
+    assert "stopped by signal 2 at iteration" in out, out[-4000:]
+    ckpt = final_checkpoint(tmp_path / "runs/r")
+    assert 0 < ckpt["global_step"] < 100000 and len(ckpt["ranks"]) == 2
+    assert len({r["parameters_sha256"] for r in ckpt["ranks"]}) == 1
+
+
+def test_bad_input_is_reported_once_before_the_process_group(tmp_path):
+    proc = torchrun(SCRIPT, "--num-envs", "3", "--no-cuda", cwd=tmp_path, timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert output.count("error: --num-envs 3: must be a multiple of the number of processes (WORLD_SIZE=2)") == 1
+    assert "exitcode  : 2" in output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path):
+    checked(torchrun(SCRIPT, *SMALL, "--total-timesteps", "128", "--run-name", "r", nproc=1, cwd=tmp_path))
+    proc = torchrun(SCRIPT, *SMALL, "--total-timesteps", "128", "--run-name", "r", nproc=1, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "error: runs/r holds checkpoints: pass --resume runs/r or another --run-name" in proc.stderr
+    np.testing.assert_equal(final_checkpoint(tmp_path / "runs/r")["global_step"], 128)
