@@ -633,6 +633,14 @@ def main() -> None:
                     for i in np.flatnonzero(infos["_episode"]):
                         episodes.append((global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
 
+            # Ranks finish their rollouts at different times (games differ in speed); wait here, once,
+            # so that perf/comm_time below measures the collectives and not this imbalance.
+            wait_time = 0.0
+            if distributed:
+                t0 = time.perf_counter()
+                dist.barrier()
+                wait_time = time.perf_counter() - t0
+
             # ADVANTAGES
             learn_start = time.perf_counter()
             with torch.inference_mode():
@@ -714,7 +722,7 @@ def main() -> None:
             local_sps = (
                 args.num_steps * local_num_envs * (iteration - start_iteration + 1) / (time.perf_counter() - start_time)
             )
-            gathered = gather_to_main((episodes, local_sps, env_time, inference_time, learn_time, comm_time))
+            gathered = gather_to_main((episodes, local_sps, env_time, inference_time, learn_time, comm_time, wait_time))
             if is_main:
                 for r, (rank_episodes, rank_sps, *_times) in enumerate(gathered):
                     writer.add_scalar(f"perf/SPS_rank{r}", rank_sps, global_step)
@@ -739,6 +747,7 @@ def main() -> None:
                 writer.add_scalar("perf/inference_time", max(g[3] for g in gathered), global_step)
                 writer.add_scalar("perf/learn_time", max(g[4] for g in gathered), global_step)
                 writer.add_scalar("perf/comm_time", max(g[5] for g in gathered), global_step)
+                writer.add_scalar("perf/rollout_wait_time", max(g[6] for g in gathered), global_step)
                 for name, value in monitor.sample().items():
                     writer.add_scalar(f"perf/{name}", value, global_step)
                 progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
