@@ -58,8 +58,14 @@ def env_only_sps(kind: str, num_envs: int, steps: int) -> float:
     return steps * num_envs / elapsed
 
 
-def learner_only(num_envs: int, num_steps: int, epochs: int, minibatches: int, repeats: int = 2) -> float:
-    """Samples per second of ppo_atari.py's update phase (forward, backward, clip, Adam)."""
+def learner_only(
+    num_envs: int, num_steps: int, epochs: int, minibatches: int, repeats: int = 2, vtrace_forward: bool = False
+) -> float:
+    """Samples per second of ppo_atari.py's update phase (forward, backward, clip, Adam).
+
+    ``vtrace_forward`` adds what appo_atari.py's learner does first: one forward pass over the
+    whole batch (the current policy's log-probabilities and values for the V-trace targets).
+    """
     import torch
 
     from cleanrl.ppo_atari import Agent, ppo_loss
@@ -72,6 +78,9 @@ def learner_only(num_envs: int, num_steps: int, epochs: int, minibatches: int, r
     old_logprob, advantages, returns, values = (torch.randn(batch) for _ in range(4))
 
     def update():
+        if vtrace_forward:
+            with torch.inference_mode():
+                agent.evaluate(obs, actions)
         for _ in range(epochs):
             for mb in torch.tensor_split(torch.randperm(batch), minibatches):
                 newlogprob, entropy, newvalue = agent.evaluate(obs[mb], actions[mb])

@@ -202,7 +202,8 @@ class Agent(nn.Module):
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         # uint8 frames travel and are stored as bytes; scaling happens here, on the device.
-        return self.network(x.float().div_(255.0).contiguous(memory_format=torch.channels_last))
+        # Change the layout while the frames are still bytes (4x less memory traffic), then scale.
+        return self.network(x.contiguous(memory_format=torch.channels_last).float().div_(255.0))
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(self.hidden(x)).squeeze(-1)

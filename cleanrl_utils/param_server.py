@@ -19,6 +19,12 @@ def _flat_parameters(module: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).cpu()
 
 
+def _checksum(flat: torch.Tensor) -> int:
+    """Sum of the float32 bit patterns as integers: exact, so any summation order (or thread count,
+    which differs between the learner and the actors) gives the same number."""
+    return int(flat.view(torch.int32).sum(dtype=torch.int64))
+
+
 class ParameterServer:
     """Shared-memory weights of ``module``'s shape. Create it before starting the readers and pass it
     to them (its tensors travel as shared memory with torch.multiprocessing)."""
@@ -27,7 +33,7 @@ class ParameterServer:
         self.buffer = torch.zeros(sum(p.numel() for p in module.parameters()), dtype=torch.float32).share_memory_()
         # [sequence (odd while writing), version]
         self.counters = torch.zeros(2, dtype=torch.int64).share_memory_()
-        self.checksum = torch.zeros(1, dtype=torch.float64).share_memory_()
+        self.checksum = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.counters[1] = -1  # nothing published yet
 
     def publish(self, module: nn.Module, version: int) -> None:
@@ -36,7 +42,7 @@ class ParameterServer:
         self.counters[0] += 1
         self.buffer.copy_(flat)
         self.counters[1] = version
-        self.checksum[0] = flat.double().sum()
+        self.checksum[0] = _checksum(flat)
         self.counters[0] += 1
 
     @property
@@ -57,8 +63,8 @@ class ParameterServer:
                 if version == have_version:
                     return version
                 scratch.copy_(self.buffer)
-                checksum = float(self.checksum[0])
-                if int(self.counters[0]) == before and float(scratch.double().sum()) == checksum:
+                checksum = int(self.checksum[0])
+                if int(self.counters[0]) == before and _checksum(scratch) == checksum:
                     offset = 0
                     with torch.no_grad():
                         for p in module.parameters():

@@ -211,3 +211,61 @@ def test_appo_learns_cartpole_within_150k_steps(tmp_path):
         if sum(reached) >= 2:
             break
     assert sum(reached) >= 2, reached
+
+
+SMALL_ATARI = [
+    "--num-actors",
+    "2",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "64",
+    "--update-epochs",
+    "1",
+    "--num-minibatches",
+    "2",
+    "--no-cuda",
+]
+
+
+@pytest.mark.parametrize("backend, env_id", [("gymnasium", "BreakoutNoFrameskip-v4"), ("envpool", "Breakout-v5")])
+def test_appo_atari_runs_with_either_backend(tmp_path, backend, env_id):
+    run_script(
+        "appo_atari.py",
+        *SMALL_ATARI,
+        "--env-backend",
+        backend,
+        "--env-id",
+        env_id,
+        "--total-timesteps",
+        "1024",
+        "--run-name",
+        "r",
+        cwd=tmp_path,
+    )
+    scalars = read_scalars(tmp_path / "runs/r")
+    assert {"charts/SPS", "losses/value_loss", "perf/learner_idle_fraction", "perf/policy_lag"} <= scalars.keys()
+    assert all(np.isfinite(v) for _, v in scalars["losses/value_loss"])
+    assert final_checkpoint(tmp_path / "runs/r")["global_step"] == 1024
+
+
+@pytest.mark.parametrize(
+    "script, flags, fragment",
+    [
+        ("appo.py", ["--num-envs", "5"], "--num-envs 5: must be a multiple of --num-actors 2"),
+        ("appo.py", ["--max-policy-lag", "-1"], "--max-policy-lag -1: must be >= 0"),
+        ("appo.py", ["--total-timesteps", "100"], "--total-timesteps 100: must be at least one update"),
+        ("appo_atari.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari (ALE) environment"),
+        (
+            "appo_atari.py",
+            ["--env-backend", "envpool", "--env-id", "BreakoutNoFrameskip-v4"],
+            "--env-id BreakoutNoFrameskip-v4: not an Atari task of EnvPool",
+        ),
+    ],
+)
+def test_appo_rejects_bad_input(tmp_path, script, flags, fragment):
+    proc = run_script(script, *flags, cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and fragment in errors[0], proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -6,8 +6,50 @@ import pytest
 
 from tests.conftest import SCRIPTS
 
-PPO_SCRIPTS = ["ppo.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_continuous_action.py"]
-SHARED = ["fail", "layer_init", "compute_gae", "ppo_loss", "StopRequested"]
+# name -> the scripts that must hold the very same definition
+COPIES = {
+    "fail": ["ppo.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_continuous_action.py"],
+    "fail (rank 0 prints)": ["ppo_atari_multigpu.py", "appo.py", "appo_atari.py"],
+    "layer_init": [
+        "ppo.py",
+        "ppo_atari.py",
+        "ppo_atari_envpool.py",
+        "ppo_continuous_action.py",
+        "ppo_atari_multigpu.py",
+        "appo.py",
+        "appo_atari.py",
+    ],
+    "compute_gae": [
+        "ppo.py",
+        "ppo_atari.py",
+        "ppo_atari_envpool.py",
+        "ppo_continuous_action.py",
+        "ppo_atari_multigpu.py",
+    ],
+    "ppo_loss": [
+        "ppo.py",
+        "ppo_atari.py",
+        "ppo_atari_envpool.py",
+        "ppo_continuous_action.py",
+        "ppo_atari_multigpu.py",
+        "appo.py",
+        "appo_atari.py",
+    ],
+    "StopRequested": [
+        "ppo.py",
+        "ppo_atari.py",
+        "ppo_atari_envpool.py",
+        "ppo_continuous_action.py",
+        "ppo_atari_multigpu.py",
+        "appo.py",
+        "appo_atari.py",
+    ],
+    "all_reduce_mean_": ["ppo_atari_multigpu.py", "appo.py", "appo_atari.py"],
+    "vtrace": ["appo.py", "appo_atari.py"],
+    "Agent (MLP)": ["ppo.py", "appo.py"],
+    "Agent (Nature CNN)": ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "appo_atari.py"],
+    "make_env (Atari)": ["ppo_atari.py", "ppo_atari_multigpu.py"],
+}
 
 
 def _definitions(script: str) -> dict[str, str]:
@@ -15,17 +57,10 @@ def _definitions(script: str) -> dict[str, str]:
     return {node.name: ast.unparse(node) for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)}
 
 
-@pytest.mark.parametrize("name", SHARED)
-def test_copied_blocks_are_identical(name):
-    # ppo_atari_multigpu.py prints errors on rank 0 only, so its `fail` differs on purpose.
-    scripts = PPO_SCRIPTS + (["ppo_atari_multigpu.py"] if name != "fail" else [])
-    sources = {script: _definitions(script).get(name) for script in scripts}
+@pytest.mark.parametrize("label", list(COPIES))
+def test_copied_blocks_are_identical(label):
+    name = label.split(" ")[0]
+    sources = {script: _definitions(script).get(name) for script in COPIES[label]}
     assert all(sources.values()), [s for s, src in sources.items() if src is None]
-    reference = sources["ppo.py"]
+    reference = next(iter(sources.values()))
     assert all(src == reference for src in sources.values()), [s for s, src in sources.items() if src != reference]
-
-
-def test_multigpu_keeps_ppo_atari_model_and_env():
-    atari, multi = _definitions("ppo_atari.py"), _definitions("ppo_atari_multigpu.py")
-    for name in ("Agent", "make_env"):
-        assert atari[name] == multi[name], name

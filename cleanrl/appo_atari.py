@@ -1,0 +1,779 @@
+"""Asynchronous PPO (APPO) for Atari: actor processes play while the learner learns.
+
+Launch:
+    python cleanrl/appo_atari.py                                  # Breakout, 2 actors x 4 envs
+    python cleanrl/appo_atari.py --env-backend envpool --env-id Breakout-v5
+    torchrun --standalone --nproc_per_node=2 cleanrl/appo_atari.py --num-envs 16
+    python cleanrl/appo_atari.py --resume runs/<run-name>
+
+The architecture, the off-policy correction (V-trace targets, PPO clipping against the behaviour
+policy) and the lifecycle are appo.py's; read that file's docstring first. What differs is Atari:
+the standard preprocessing and Nature CNN of ppo_atari.py, uint8 frames in the shared-memory
+slots (a slot of 4 envs x 129 frames is 14.6 MB), and a choice of env backend inside each actor:
+gymnasium's vector env with cleanrl_utils/atari_wrappers.py, or EnvPool (one C++ thread per
+actor; the actors are the parallelism). With EnvPool a lost life terminates the training
+episode without a reset step, so the step that only resets an env follows a game over or a
+truncation, as in ppo_atari_envpool.py.
+
+Reference figures: benchmark/appo_throughput.sh.
+"""
+
+import dataclasses
+import datetime
+import hashlib
+import os
+import queue
+import random
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import tyro
+from gymnasium.vector import AutoresetMode
+from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_utils.atari_wrappers import wrap_atari
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.param_server import ParameterServer
+
+gym.register_envs(ale_py)
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; env i of actor a on rank r gets seed + (r * num_actors + a) * envs_per_actor + i"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, the learner trains on CUDA when available"""
+    threads: int | None = None
+    """torch intra-op threads of the learner process (None: torch's default; actors use one each)"""
+    track: bool = False
+    """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
+    wandb_project_name: str = "cleanrl"
+    """the W&B project"""
+    wandb_entity: str | None = None
+    """the W&B entity (team); None for the key's default"""
+    capture_video: bool = False
+    """if toggled, record videos of actor 0's env 0 into runs/<run-name>/videos"""
+    run_name: str | None = None
+    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
+    checkpoint_interval: int = 50
+    """write a checkpoint every this many updates (0: only at the end and on Ctrl-C)"""
+    resume: str | None = None
+    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    progress: bool = True
+    """show live progress on the console (plain periodic lines when it is not a terminal)"""
+    actor_timeout: float = 60.0
+    """seconds the learner waits for any rollout before declaring the actors stuck"""
+
+    # Algorithm specific arguments
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the Atari game: an ALE id for the gymnasium backend, an EnvPool task (e.g. Breakout-v5) for envpool"""
+    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    """what steps the envs inside each actor"""
+    total_timesteps: int = 10_000_000
+    """env steps the learner trains on, summed over envs and ranks (dropped rollouts not counted)"""
+    num_actors: int = 2
+    """actor processes per learner"""
+    num_envs: int = 8
+    """parallel environments per learner, split evenly over its actors"""
+    num_steps: int = 128
+    """the number of steps per env per rollout"""
+    max_policy_lag: int = 4
+    """rollouts sampled with weights more than this many updates old are dropped"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to 0 over the run"""
+    gamma: float = 0.99
+    """the discount factor"""
+    gae_lambda: float = 0.95
+    """the lambda of the V-trace traces (equal to GAE's lambda on-policy)"""
+    vtrace_rho_bar: float = 1.0
+    """truncation of the importance weights in the V-trace temporal differences"""
+    vtrace_c_bar: float = 1.0
+    """truncation of the importance weights in the V-trace traces"""
+    num_minibatches: int = 4
+    """the number of minibatches per epoch"""
+    update_epochs: int = 4
+    """the number of epochs over each batch"""
+    norm_adv: bool = True
+    """if toggled, normalise advantages within each minibatch"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient (the ratio is taken against the behaviour policy)"""
+    clip_vloss: bool = True
+    """if toggled, clip the value loss as in the PPO paper's implementation"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm of the gradient"""
+
+
+def validate(args: Args, world_size: int) -> None:
+    """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads", "num_actors")
+    for name in positive:
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
+    for name in ("learning_rate", "clip_coef", "actor_timeout", "max_grad_norm", "vtrace_rho_bar", "vtrace_c_bar"):
+        if not getattr(args, name) > 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma {args.gamma}: must be in (0, 1]")
+    if not 0.0 <= args.gae_lambda <= 1.0:
+        fail(f"--gae-lambda {args.gae_lambda}: must be in [0, 1]")
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    if args.max_policy_lag < 0:
+        fail(f"--max-policy-lag {args.max_policy_lag}: must be >= 0")
+    if args.num_envs % args.num_actors != 0:
+        fail(f"--num-envs {args.num_envs}: must be a multiple of --num-actors {args.num_actors}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        fail(
+            f"--num-minibatches {args.num_minibatches}: must divide the batch size num_envs * num_steps = {batch_size}"
+        )
+    if args.total_timesteps < batch_size * world_size:
+        fail(
+            f"--total-timesteps {args.total_timesteps}: must be at least one update, num_envs * num_steps * WORLD_SIZE = {batch_size * world_size}"
+        )
+    if args.env_backend == "envpool":
+        import envpool
+
+        if (
+            args.env_id not in envpool.list_all_envs()
+            or type(envpool.make_spec(args.env_id)).__name__ != "AtariEnvSpec"
+        ):
+            fail(f"--env-id {args.env_id}: not an Atari task of EnvPool (e.g. Breakout-v5)")
+        return
+    try:
+        spec = gym.spec(args.env_id)
+    except gym.error.Error as e:
+        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
+    if not str(spec.entry_point).startswith("ale_py"):
+        fail(f"--env-id {args.env_id}: not an Atari (ALE) environment")
+
+
+def fail(message: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:  # one line for the user, not one per rank
+        print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    def thunk():
+        # frameskip=1: AtariPreprocessing skips frames (with max-pooling) and reads the screen from
+        # the emulator itself, so the base env's own per-frame copy is kept small (grayscale).
+        if capture_video and idx == 0:
+            env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_dir)
+        else:
+            env = gym.make(env_id, frameskip=1, obs_type="grayscale")
+        return wrap_atari(env)
+
+    return thunk
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Nature-CNN trunk shared by the policy and value heads."""
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        # uint8 frames travel and are stored as bytes; scaling happens here, on the device.
+        # Change the layout while the frames are still bytes (4x less memory traffic), then scale.
+        return self.network(x.contiguous(memory_format=torch.channels_last).float().div_(255.0))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.hidden(x)).squeeze(-1)
+
+    def act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions; return them with their log-probabilities and the state values."""
+        hidden = self.hidden(x)
+        log_probs = self.actor(hidden).log_softmax(-1)
+        # Gumbel-max: argmax(log p + Gumbel noise) is a sample of p.
+        action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
+
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probabilities of ``action``, policy entropy and state values."""
+        hidden = self.hidden(x)
+        log_probs = self.actor(hidden).log_softmax(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
+
+
+def vtrace(
+    behaviour_logprobs: np.ndarray,
+    target_logprobs: np.ndarray,
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_value: np.ndarray,
+    terminations: np.ndarray,
+    dones: np.ndarray,
+    gamma: float,
+    lam: float,
+    rho_bar: float,
+    c_bar: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """V-trace targets over a (num_steps, num_envs) rollout; returns (advantages v_s - V(x_s), targets v_s).
+
+    ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation step t
+    returned (the real final observation when step t ended an episode, under next-step
+    autoreset); ``terminations[t]`` stops bootstrapping from it and ``dones[t]`` cuts the traces,
+    exactly as in ppo.py's compute_gae. With target == behaviour log-probabilities, rho = 1 and
+    c = lam, and the result is GAE(lam).
+    """
+    ratio = np.exp(target_logprobs - behaviour_logprobs)
+    rhos = np.minimum(rho_bar, ratio)
+    cs = lam * np.minimum(c_bar, ratio)
+    num_steps = rewards.shape[0]
+    advantages = np.zeros_like(rewards)
+    acc = np.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rhos[t] * (rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t])
+        acc = delta + gamma * cs[t] * (1.0 - dones[t]) * acc
+        advantages[t] = acc
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldvalue: torch.Tensor,
+    returns: torch.Tensor,
+    clip_coef: float,
+    clip_vloss: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped surrogate policy loss and (optionally clipped) value loss, both to be minimised."""
+    ratio = (newlogprob - oldlogprob).exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    if clip_vloss:
+        v_clipped = oldvalue + (newvalue - oldvalue).clamp(-clip_coef, clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    return pg_loss, v_loss
+
+
+def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: str = "none") -> None:
+    """Average ``tensors`` over all ranks, in place, with ONE all_reduce of a flat buffer.
+
+    One collective instead of one per tensor: for the small tensors of an RL network the latency
+    of each call, not the bytes, dominates. With compression the buffer travels as fp16 or bf16
+    (half the bytes); it is divided by world_size *before* the sum, so fp16 cannot overflow, and
+    the result is copied back into the fp32 tensors.
+    """
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    if compression == "none":
+        dist.all_reduce(flat)
+        flat /= world_size
+    else:
+        wire = flat.div_(world_size).to(torch.float16 if compression == "fp16" else torch.bfloat16)
+        dist.all_reduce(wire)
+        flat = wire.float()
+    for t, chunk in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(chunk.view_as(t))
+
+
+class StopRequested:
+    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+class ActorError(RuntimeError):
+    """An actor process raised, died or stopped delivering rollouts."""
+
+
+def actor_loop(
+    actor_id: int,
+    args: Args,
+    seeds: list[int],
+    slots: dict,
+    free_slots,
+    full_slots,
+    params,
+    stop,
+    learner_pid: int,
+    video_dir: str,
+):
+    """One actor process: step its envs with the newest published policy, fill rollout slots."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the learner, which stops the actors
+    try:
+        torch.set_num_threads(1)
+        if args.env_backend == "envpool":
+            import envpool
+
+            # env i is seeded seeds[0] + i, like the gymnasium backend's; one C++ thread per actor
+            envs = envpool.make(
+                args.env_id, env_type="gymnasium", num_envs=len(seeds), num_threads=1, seed=seeds[0],
+                episodic_life=True, reward_clip=True, noop_max=30,
+            )  # fmt: skip
+            next_obs, _ = envs.reset()
+            game_returns, game_lengths = np.zeros(len(seeds)), np.zeros(len(seeds), dtype=np.int64)
+        else:
+            fns = [make_env(args.env_id, i, args.capture_video and actor_id == 0, video_dir) for i in range(len(seeds))]
+            envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+            next_obs, _ = envs.reset(seed=seeds)
+        assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, (
+            "the rollout below assumes next-step autoreset"
+        )
+        policy = Agent(int(envs.single_action_space.n)).to(memory_format=torch.channels_last)
+        torch.manual_seed(seeds[0])
+        version = -1
+        next_reset = np.zeros(len(seeds), dtype=bool)  # the next step of this env only resets it
+        while not stop.is_set():
+            wait_start = time.perf_counter()
+            try:
+                slot = free_slots.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != learner_pid:  # the learner is gone: do not outlive it (and skip
+                    os._exit(0)  # flushing queues nobody reads, which would block forever)
+                continue
+            wait = time.perf_counter() - wait_start
+            version = params.pull(policy, version)
+            rollout_start = time.perf_counter()
+            episodes = []
+            for step in range(args.num_steps):
+                slots["obs"][slot, step] = torch.from_numpy(next_obs)
+                slots["valid"][slot, step] = torch.from_numpy(~next_reset)
+                with torch.inference_mode():
+                    action, logprob, _ = policy.act(torch.from_numpy(next_obs))
+                next_obs, reward, terminated, truncated, infos = envs.step(action.numpy().astype(np.int32))
+                done = np.logical_or(terminated, truncated)
+                slots["actions"][slot, step] = action
+                slots["logprobs"][slot, step] = logprob
+                slots["rewards"][slot, step] = torch.from_numpy(reward)
+                slots["terminations"][slot, step] = torch.from_numpy(terminated)
+                slots["dones"][slot, step] = torch.from_numpy(done)
+                if args.env_backend == "envpool":  # whole games, unclipped scores; reset steps count for nothing
+                    game_returns[next_reset], game_lengths[next_reset] = 0.0, 0
+                    game_returns += infos["reward"]
+                    game_lengths += ~next_reset
+                    next_reset = infos["terminated"].astype(bool) | truncated
+                    episodes += [(float(game_returns[i]), int(game_lengths[i])) for i in np.flatnonzero(next_reset)]
+                else:
+                    next_reset = done
+                    if "_episode" in infos:
+                        for i in np.flatnonzero(infos["_episode"]):
+                            episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+            slots["obs"][slot, args.num_steps] = torch.from_numpy(next_obs)  # the bootstrap observation
+            full_slots.put(("rollout", actor_id, slot, version, episodes, wait, time.perf_counter() - rollout_start))
+    except Exception as e:  # the learner turns this into one clear error and stops everything
+        full_slots.put(("error", actor_id, f"{type(e).__name__}: {e}"))
+        sys.exit(1)
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    distributed = "RANK" in os.environ
+    is_main = rank == 0
+    checkpoint = None
+    if args.resume:
+        try:
+            checkpoint = load_checkpoint(resolve_resume(args.resume))
+        except CheckpointError as e:
+            fail(str(e))
+        args = Args(**checkpoint["args"])
+    validate(args, world_size)
+
+    envs_per_actor = args.num_envs // args.num_actors
+    batch_size = args.num_envs * args.num_steps  # per learner: one rollout of every env
+    num_updates = args.total_timesteps // (batch_size * world_size)
+    num_slots = 2 * args.num_actors  # the learner holds one batch while the actors fill the rest
+    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]
+    run_dir = Path("runs") / run_name
+
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if distributed:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
+
+    obs_shape = (4, 84, 84)  # both backends: 4 stacked 84x84 grayscale frames
+    if args.env_backend == "envpool":
+        import envpool
+
+        n_actions = int(envpool.make_spec(args.env_id).action_space.n)
+    else:
+        probe = gym.make(args.env_id)
+        n_actions = int(probe.action_space.n)
+        probe.close()
+
+    agent = Agent(n_actions).to(device, memory_format=torch.channels_last)
+    if distributed:  # one set of initial weights: rank 0's
+        for param in agent.parameters():
+            dist.broadcast(param.data, src=0)
+    params = list(agent.parameters())
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+    start_update, global_step, version, wandb_id = 1, 0, 0, None
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        set_rng_state(checkpoint["rng"])
+        start_update, global_step = checkpoint["update"] + 1, checkpoint["global_step"]
+        version, wandb_id = checkpoint["version"], checkpoint["wandb_id"]
+
+    # SHARED MEMORY: rollout slots and the parameter server, allocated once, before the actors start.
+    slots = {
+        "obs": torch.zeros((num_slots, args.num_steps + 1, envs_per_actor, *obs_shape), dtype=torch.uint8),
+        "actions": torch.zeros((num_slots, args.num_steps, envs_per_actor), dtype=torch.long),
+        "logprobs": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
+        "rewards": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
+        "terminations": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
+        "dones": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
+        "valid": torch.zeros((num_slots, args.num_steps, envs_per_actor), dtype=torch.bool),
+    }
+    for tensor in slots.values():
+        tensor.share_memory_()
+    param_server = ParameterServer(agent)
+    param_server.publish(agent, version)
+
+    # ACTORS: spawn (not fork): the learner already runs torch's thread pools, which fork would copy half-alive.
+    ctx = mp.get_context("spawn")
+    free_slots, full_slots, stop_actors = ctx.Queue(), ctx.Queue(), ctx.Event()
+    for slot in range(num_slots):
+        free_slots.put(slot)
+    # Seeds never collide across actors, ranks or resumes (a resumed run starts new episodes).
+    seed_base = args.seed + 10_000_019 * (start_update - 1)
+    actors = []
+    for a in range(args.num_actors):
+        first = seed_base + (rank * args.num_actors + a) * envs_per_actor
+        proc = ctx.Process(
+            target=actor_loop,
+            args=(
+                a,
+                args,
+                list(range(first, first + envs_per_actor)),
+                slots,
+                free_slots,
+                full_slots,
+                param_server,
+                stop_actors,
+                os.getpid(),  # not the actor's os.getppid(): the learner may die before an actor starts
+                str(run_dir / "videos"),
+            ),
+            daemon=True,
+        )
+        proc.start()
+        actors.append(proc)
+
+    def check_actors() -> None:
+        dead = [a for a, p in enumerate(actors) if p.exitcode is not None]
+        if dead:
+            codes = ", ".join(str(actors[a].exitcode) for a in dead)
+            raise ActorError(f"actor {', '.join(map(str, dead))} of {args.env_id} died (exit code {codes})")
+
+    def next_message():
+        """The next rollout; turns an actor that raised, died or hangs into an ActorError."""
+        deadline = time.monotonic() + args.actor_timeout
+        while True:
+            try:
+                message = full_slots.get(timeout=0.5)
+            except queue.Empty:
+                check_actors()
+                if time.monotonic() > deadline:
+                    raise ActorError(
+                        f"no rollout from any actor of {args.env_id} within --actor-timeout {args.actor_timeout:g}s"
+                    ) from None
+                continue
+            if message[0] == "error":
+                raise ActorError(f"actor {message[1]} of {args.env_id} raised {message[2]}")
+            check_actors()  # the others may keep the queue busy after one of them died
+            return message
+
+    # LOGGING SETUP (rank 0; the run directory exists only from here on)
+    writer = None
+    if is_main:
+        if args.track:
+            import wandb
+
+            wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=dataclasses.asdict(args),
+                name=run_name,
+                id=wandb_id,
+                resume="allow",
+                dir=str(run_dir),
+                save_code=True,
+            )
+        writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
+        )
+
+    def write_checkpoint(update: int) -> Path | None:
+        """Collective under torchrun (the learners' parameter digests are gathered); rank 0 writes."""
+        digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in params)).hexdigest()
+        digests = [digest]
+        if distributed:
+            digests = [None] * world_size
+            dist.all_gather_object(digests, digest)
+        if not is_main:
+            return None
+        state = {
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "args": dataclasses.asdict(args),
+            "run_name": run_name,
+            "update": update,
+            "version": version,
+            "global_step": global_step,
+            "rng": rng_state(),
+            "wandb_id": wandb_id,
+            "parameters_sha256": digests,  # one per learner: equal when the learners agree
+        }
+        return save_checkpoint(state, run_dir / "checkpoints", update)
+
+    stop = StopRequested()
+    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress and is_main)
+    monitor = ResourceMonitor(device)
+    recent_returns: deque[float] = deque(maxlen=20)
+    start_step, start_time = global_step, time.perf_counter()
+    update = start_update - 1
+    last_checkpoint: Path | None = None
+    dropped = 0
+    try:
+        for update in range(start_update, num_updates + 1):
+            if args.anneal_lr:
+                frac = 1.0 - (update - 1.0) / num_updates
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # COLLECT: the next num_actors rollouts that are recent enough.
+            wait_start = time.perf_counter()
+            batch, lags, actor_wait, actor_busy = [], [], 0.0, 0.0
+            while len(batch) < args.num_actors:
+                _, actor_id, slot, behaviour_version, episodes, wait, busy = next_message()
+                actor_wait, actor_busy = actor_wait + wait, actor_busy + busy
+                for episodic_return, episodic_length in episodes:
+                    recent_returns.append(episodic_return)
+                    if is_main:
+                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                        writer.add_scalar("charts/episodic_length", episodic_length, global_step)
+                lag = version - behaviour_version
+                if lag > args.max_policy_lag:
+                    dropped += 1
+                    free_slots.put(slot)
+                    continue
+                lags.append(lag)
+                batch.append(slot)
+            learner_wait = time.perf_counter() - wait_start
+            queue_depth = full_slots.qsize()
+            global_step += batch_size * world_size
+
+            # ADVANTAGES: V-trace under the learner's current weights. Slots are (steps, envs); the
+            # batch puts the rollouts side by side as (steps, num_actors * envs_per_actor).
+            learn_start = time.perf_counter()
+            b = {k: torch.cat([v[slot] for slot in batch], dim=1) for k, v in slots.items()}
+            obs_all = b["obs"].to(device)  # (num_steps + 1, num_envs, *obs_shape)
+            with torch.inference_mode():
+                target_logprobs, _, values = agent.evaluate(
+                    obs_all[:-1].reshape((-1, *obs_shape)), b["actions"].reshape(-1).to(device)
+                )
+                next_value = agent.get_value(obs_all[-1]).cpu().numpy()
+            target_logprobs = target_logprobs.reshape(args.num_steps, args.num_envs).cpu().numpy()
+            values = values.reshape(args.num_steps, args.num_envs).cpu().numpy()
+            advantages, returns = vtrace(
+                b["logprobs"].numpy(),
+                target_logprobs,
+                b["rewards"].numpy(),
+                values,
+                next_value,
+                b["terminations"].numpy(),
+                b["dones"].numpy(),
+                args.gamma,
+                args.gae_lambda,
+                args.vtrace_rho_bar,
+                args.vtrace_c_bar,
+            )
+
+            # UPDATE: PPO epochs on the batch; the ratio is taken against the behaviour policy.
+            b_valid = b["valid"].reshape(-1)
+            b_obs = obs_all[:-1].reshape((-1, *obs_shape))[b_valid.to(device)]
+            b_logprobs = b["logprobs"].reshape(-1)[b_valid].to(device)
+            b_actions = b["actions"].reshape(-1)[b_valid].to(device)
+            b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)[b_valid.to(device)]
+            b_returns = torch.as_tensor(returns.reshape(-1), device=device)[b_valid.to(device)]
+            b_values = torch.as_tensor(values.reshape(-1), device=device)[b_valid.to(device)]
+            for slot in batch:  # the batch is copied out: the actors may refill these slots now
+                free_slots.put(slot)
+            clipfracs = []
+            comm_time = 0.0
+            for _epoch in range(args.update_epochs):
+                b_inds = torch.randperm(b_obs.shape[0], device=device)
+                for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
+                    newlogprob, entropy, newvalue = agent.evaluate(b_obs[mb_inds], b_actions[mb_inds])
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    with torch.no_grad():
+                        ratio = logratio.exp()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+                    mb_advantages = b_advantages[mb_inds]
+                    if args.norm_adv and mb_advantages.numel() > 1:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    pg_loss, v_loss = ppo_loss(
+                        newlogprob,
+                        b_logprobs[mb_inds],
+                        mb_advantages,
+                        newvalue,
+                        b_values[mb_inds],
+                        b_returns[mb_inds],
+                        args.clip_coef,
+                        args.clip_vloss,
+                    )
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if distributed:
+                        t0 = time.perf_counter()
+                        all_reduce_mean_([p.grad for p in params], world_size)
+                        comm_time += time.perf_counter() - t0
+                    grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+                    if not torch.isfinite(grad_norm):  # after the all_reduce: every rank decides the same
+                        last = last_checkpoint or "none"
+                        raise FloatingPointError(
+                            f"non-finite gradient norm at update {update}; last good checkpoint: {last}"
+                        )
+                    optimizer.step()
+
+            # PUBLISH the new weights for the actors.
+            version += 1
+            param_server.publish(agent, version)
+            learn_time = time.perf_counter() - learn_start
+
+            # LOGGING
+            if is_main:
+                y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+                var_y = np.var(y_true)
+                explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+                elapsed = time.perf_counter() - start_time
+                sps = (global_step - start_step) / elapsed
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+                writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+                writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+                writer.add_scalar("losses/explained_variance", explained_var, global_step)
+                writer.add_scalar("perf/learn_time", learn_time, global_step)
+                writer.add_scalar("perf/comm_time", comm_time, global_step)
+                writer.add_scalar("perf/learner_idle_fraction", learner_wait / (learner_wait + learn_time), global_step)
+                writer.add_scalar(
+                    "perf/actor_idle_fraction", actor_wait / max(actor_wait + actor_busy, 1e-9), global_step
+                )
+                writer.add_scalar("perf/queue_depth", queue_depth, global_step)
+                writer.add_scalar("perf/policy_lag", float(np.mean(lags)), global_step)
+                writer.add_histogram("perf/policy_lag_hist", np.array(lags), global_step)
+                writer.add_scalar("perf/dropped_rollouts", dropped, global_step)
+                for name, value in monitor.sample().items():
+                    writer.add_scalar(f"perf/{name}", value, global_step)
+                progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+
+            # CHECKPOINT: a signal on any rank stops every rank after this same update.
+            signum = torch.tensor([stop.signum or 0], device=device)
+            if distributed:
+                dist.all_reduce(signum, op=dist.ReduceOp.MAX)
+            if signum.item():
+                path = write_checkpoint(update)
+                if is_main:
+                    print(f"stopped by signal {signum.item()} at update {update}; checkpoint {path}", file=sys.stderr)
+                raise SystemExit(128 + int(signum.item()))
+            if args.checkpoint_interval and update % args.checkpoint_interval == 0 and update < num_updates:
+                last_checkpoint = write_checkpoint(update)
+        write_checkpoint(update)
+        if distributed:
+            dist.destroy_process_group()
+    except (ActorError, FloatingPointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        stop_actors.set()
+        for proc in actors:
+            proc.join(timeout=3)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=3)
+        for q in (free_slots, full_slots):
+            q.cancel_join_thread()
+            q.close()
+        progress.close()
+        if writer is not None:
+            writer.close()
+        if is_main and args.track:
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main()
