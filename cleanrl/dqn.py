@@ -1,0 +1,439 @@
+"""DQN for discrete-action classic control (CartPole-v1 by default) on gymnasium 1.x vector envs.
+
+Launch:
+    python cleanrl/dqn.py                                    # CartPole-v1, 60k steps, logs in runs/
+    python cleanrl/dqn.py --env-id Acrobot-v1 --total-timesteps 100000
+    python cleanrl/dqn.py --checkpoint-buffer                 # checkpoints also hold the replay buffer
+    python cleanrl/dqn.py --resume runs/<run-name>
+    tensorboard --logdir runs
+
+Defaults: Double DQN with a 256-256 Q-network, 8 gradient steps (batch 128) every 16 env steps and
+a hard target copy every 64 gradient steps. They reach a mean return of 400 within 28-36k steps
+on seeds 1-4; the RL Zoo's CartPole settings (128 gradient steps every 256 env steps, lr 2.3e-3)
+oscillate between 100 and 400 for 60k steps here and in Stable-Baselines3 alike.
+
+Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
+observation after a transition is always the next one stored, including at episode ends, where
+it is the real final observation: terminations stop bootstrapping, truncations bootstrap from it.
+The reset steps in between are stored but never sampled.
+
+Resume: checkpoints hold the networks, optimizer, counters, RNG states and the exact env state;
+with ``--checkpoint-buffer`` also the replay buffer, and then a resumed run continues exactly as
+the uninterrupted one. Without it the buffer refills from empty (``learning_starts`` again).
+Reference figures: benchmark/replay_memory.sh.
+"""
+
+import dataclasses
+import importlib
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from gymnasium.vector import AutoresetMode
+from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_utils.buffers import ReplayBuffer
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from cleanrl_utils.envs import EnvSnapshot, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import Progress, ResourceMonitor
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; env i is seeded with seed + i"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = False
+    """if toggled, train on CUDA when available (a small MLP is faster on the CPU)"""
+    threads: int = 1
+    """torch intra-op threads of this process"""
+    track: bool = False
+    """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
+    wandb_project_name: str = "cleanrl"
+    """the W&B project"""
+    wandb_entity: str | None = None
+    """the W&B entity (team); None for the key's default"""
+    capture_video: bool = False
+    """if toggled, record videos of env 0 into runs/<run-name>/videos"""
+    run_name: str | None = None
+    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
+    checkpoint_interval: int = 25_000
+    """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
+    checkpoint_buffer: bool = False
+    """if toggled, checkpoints also hold the replay buffer (exact resume, larger files)"""
+    resume: str | None = None
+    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    progress: bool = True
+    """show live progress on the console (plain periodic lines when it is not a terminal)"""
+
+    # Algorithm specific arguments
+    env_id: str = "CartPole-v1"
+    """the id of the gymnasium environment (discrete actions, vector observations)"""
+    total_timesteps: int = 60_000
+    """total env steps of the run, summed over envs"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    learning_rate: float = 5e-4
+    """the learning rate of the optimizer"""
+    buffer_size: int = 100_000
+    """replay capacity in transitions, summed over envs"""
+    gamma: float = 0.99
+    """the discount factor"""
+    target_network_frequency: int = 64
+    """gradient steps between copies of the Q-network into the target network"""
+    batch_size: int = 128
+    """transitions per gradient step"""
+    start_e: float = 1.0
+    """the starting epsilon for exploration"""
+    end_e: float = 0.04
+    """the final epsilon for exploration"""
+    exploration_fraction: float = 0.16
+    """the fraction of total_timesteps over which epsilon decays from start_e to end_e"""
+    learning_starts: int = 1000
+    """env steps (summed over envs) of pure exploration before learning starts"""
+    train_frequency: int = 16
+    """env steps (summed over envs) between training bursts"""
+    gradient_steps: int = 8
+    """gradient steps per training burst"""
+    max_grad_norm: float = 10.0
+    """the maximum norm of the gradient"""
+    double_q: bool = True
+    """if toggled, Double DQN: the online network picks the next action, the target network values it"""
+
+
+def validate(args: Args) -> None:
+    """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "gradient_steps")
+    for name in positive + ("target_network_frequency", "threads"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
+    for name in ("learning_rate", "max_grad_norm", "exploration_fraction"):
+        if not getattr(args, name) > 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma {args.gamma}: must be in (0, 1]")
+    if args.train_frequency % args.num_envs != 0:
+        fail(f"--train-frequency {args.train_frequency}: must be a multiple of --num-envs {args.num_envs}")
+    if args.buffer_size < args.num_envs * 4:
+        fail(f"--buffer-size {args.buffer_size}: must hold at least 4 steps of every env ({args.num_envs * 4})")
+    if args.learning_starts < args.batch_size:
+        fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    module, _, env_name = args.env_id.rpartition(":")
+    try:
+        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
+            importlib.import_module(module)
+        gym.spec(env_name)
+    except (ImportError, gym.error.Error) as e:
+        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_dir)
+        else:
+            env = gym.make(env_id)
+        return EnvSnapshot(env)
+
+    return thunk
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, n_actions),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x)
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+def td_target(
+    rewards: torch.Tensor,
+    next_q_target: torch.Tensor,
+    next_q_online: torch.Tensor | None,
+    terminations: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """One-step target r + gamma * Q_target(s', a*), without bootstrap after a termination.
+
+    a* = argmax_a Q_target(s', a), or argmax_a Q_online(s', a) when ``next_q_online`` is given
+    (Double DQN: the max over one network's noisy estimates is biased upwards; picking with one and
+    valuing with the other removes most of that bias). The next-state values are those of the
+    *real* next observation, which for a truncated transition is the final observation (so
+    truncation keeps its bootstrap).
+    """
+    best = (next_q_target if next_q_online is None else next_q_online).argmax(dim=1, keepdim=True)
+    return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
+
+
+class StopRequested:
+    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    checkpoint = None
+    if args.resume:
+        try:
+            checkpoint = load_checkpoint(resolve_resume(args.resume))
+        except CheckpointError as e:
+            fail(str(e))
+        args = Args(**checkpoint["args"])
+    validate(args)
+
+    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]
+    run_dir = Path("runs") / run_name
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # ENV SETUP
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)],
+        autoreset_mode=AutoresetMode.NEXT_STEP,
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the replay buffer assumes next-step autoreset"
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        envs.close()
+        fail(f"--env-id {args.env_id}: needs a discrete action space, got {envs.single_action_space}")
+    obs_shape = envs.single_observation_space.shape
+    n_actions = int(envs.single_action_space.n)
+
+    q_network = QNetwork(int(np.prod(obs_shape)), n_actions).to(device)
+    target_network = QNetwork(int(np.prod(obs_shape)), n_actions).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_shape, (), np.float32, np.int64, seed=args.seed)
+
+    next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
+    next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
+    global_step, gradient_steps, wandb_id = 0, 0, None
+    if checkpoint is not None:
+        q_network.load_state_dict(checkpoint["model"])
+        target_network.load_state_dict(checkpoint["target"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        set_vector_state(envs, checkpoint["envs"])
+        set_rng_state(checkpoint["rng"])
+        next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
+        global_step, gradient_steps, wandb_id = (
+            checkpoint["global_step"],
+            checkpoint["gradient_steps"],
+            checkpoint["wandb_id"],
+        )
+        if "replay" in checkpoint:
+            rb.load_state_dict(checkpoint["replay"])
+    start_step = global_step
+    first_learning_step = (
+        start_step + args.learning_starts if "replay" not in (checkpoint or {}) else args.learning_starts
+    )
+
+    # LOGGING SETUP (the run directory exists only from here on)
+    if args.track:
+        import wandb
+
+        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=dataclasses.asdict(args),
+            name=run_name,
+            id=wandb_id,
+            resume="allow",
+            dir=str(run_dir),
+            save_code=True,
+        )
+    writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
+    )
+
+    def write_checkpoint() -> Path:
+        state = {
+            "model": q_network.state_dict(),
+            "target": target_network.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "args": dataclasses.asdict(args),
+            "run_name": run_name,
+            "global_step": global_step,
+            "gradient_steps": gradient_steps,
+            "rng": rng_state(),
+            "envs": get_vector_state(envs),
+            "next_obs": torch.from_numpy(np.array(next_obs)),
+            "next_done": torch.from_numpy(next_done.copy()),
+            "wandb_id": wandb_id,
+        }
+        if args.checkpoint_buffer:
+            state["replay"] = rb.state_dict()
+        return save_checkpoint(state, run_dir / "checkpoints", global_step)
+
+    stop = StopRequested()
+    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress)
+    monitor = ResourceMonitor(device)
+    recent_returns: deque[float] = deque(maxlen=20)
+    start_time = time.perf_counter()
+    env_time = inference_time = learn_time = 0.0
+    last_checkpoint: Path | None = None
+    log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
+    try:
+        for step in range(1, (args.total_timesteps - global_step) // args.num_envs + 1):
+            global_step += args.num_envs
+
+            # ACT: epsilon-greedy
+            t0 = time.perf_counter()
+            epsilon = linear_schedule(
+                args.start_e, args.end_e, int(args.exploration_fraction * args.total_timesteps), global_step
+            )
+            with torch.inference_mode():
+                q_values = q_network(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
+            actions = q_values.argmax(dim=1).cpu().numpy()
+            explore = np.random.random(args.num_envs) < epsilon
+            actions[explore] = np.random.randint(n_actions, size=int(explore.sum()))
+            t1 = time.perf_counter()
+            obs = next_obs
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            t2 = time.perf_counter()
+            inference_time, env_time = inference_time + t1 - t0, env_time + t2 - t1
+
+            # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
+            rb.add(obs, actions, rewards, terminations, ~next_done)
+            next_done = np.logical_or(terminations, truncations)
+            if "_episode" in infos:
+                for i in np.flatnonzero(infos["_episode"]):
+                    episodic_return = float(infos["episode"]["r"][i])
+                    recent_returns.append(episodic_return)
+                    writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                    writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+
+            # UPDATE: a burst of gradient steps every train_frequency env steps
+            if global_step > first_learning_step and global_step % args.train_frequency == 0:
+                t0 = time.perf_counter()
+                for _ in range(args.gradient_steps):
+                    data = {k: torch.as_tensor(v, device=device) for k, v in rb.sample(args.batch_size).items()}
+                    with torch.no_grad():
+                        next_q_online = q_network(data["next_obs"]) if args.double_q else None
+                        target = td_target(
+                            data["rewards"],
+                            target_network(data["next_obs"]),
+                            next_q_online,
+                            data["terminations"].float(),
+                            args.gamma,
+                        )
+                    old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
+                    loss = F.smooth_l1_loss(old_val, target)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    gradient_steps += 1
+                    if gradient_steps % args.target_network_frequency == 0:
+                        target_network.load_state_dict(q_network.state_dict())
+                learn_time += time.perf_counter() - t0
+                if not torch.isfinite(loss):  # NaN/inf parameters would poison every later update
+                    raise FloatingPointError(
+                        f"non-finite loss at step {global_step}; last good checkpoint: {last_checkpoint or 'none'}"
+                    )
+                writer.add_scalar("losses/td_loss", loss.item(), global_step)
+                writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
+
+            # LOGGING
+            if step % log_every == 0:
+                sps = (global_step - start_step) / (time.perf_counter() - start_time)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("charts/epsilon", epsilon, global_step)
+                writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+                writer.add_scalar("perf/env_time", env_time, global_step)
+                writer.add_scalar("perf/inference_time", inference_time, global_step)
+                writer.add_scalar("perf/learn_time", learn_time, global_step)
+                writer.add_scalar("perf/replay_bytes", rb.nbytes, global_step)
+                for name, value in monitor.sample().items():
+                    writer.add_scalar(f"perf/{name}", value, global_step)
+                env_time = inference_time = learn_time = 0.0
+                progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+
+            # CHECKPOINT
+            if stop.signum is not None:
+                path = write_checkpoint()
+                print(f"stopped by signal {stop.signum} at step {global_step}; checkpoint {path}", file=sys.stderr)
+                sys.exit(128 + stop.signum)
+            if (
+                args.checkpoint_interval
+                and global_step % args.checkpoint_interval == 0
+                and global_step < args.total_timesteps
+            ):
+                last_checkpoint = write_checkpoint()
+        write_checkpoint()
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        progress.close()
+        envs.close()
+        writer.close()
+        if args.track:
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main()

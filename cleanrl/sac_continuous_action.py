@@ -1,0 +1,519 @@
+"""Soft Actor-Critic for continuous control (HalfCheetah-v4 by default; any gymnasium env with Box actions).
+
+Launch:
+    python cleanrl/sac_continuous_action.py                          # HalfCheetah-v4, 1M steps
+    python cleanrl/sac_continuous_action.py --env-id Hopper-v4
+    python cleanrl/sac_continuous_action.py --env-id Pendulum-v1 --total-timesteps 15000 --learning-starts 1000
+    python cleanrl/sac_continuous_action.py --checkpoint-buffer      # checkpoints also hold the replay buffer
+    python cleanrl/sac_continuous_action.py --resume runs/<run-name>
+    tensorboard --logdir runs
+
+Algorithm (Haarnoja et al. 2018, with the CleanRL / TD3 conventions): a tanh-squashed Gaussian
+actor, two Q-networks with Polyak-averaged targets, clipped double-Q soft targets, the entropy
+temperature tuned towards -|A| unless ``--no-autotune``, and the actor (with the temperature)
+updated ``policy_frequency`` times every ``policy_frequency`` steps. One critic update per
+vector step; before ``learning_starts`` actions are uniform.
+
+Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
+observation after a transition is the next one stored, including at episode ends where it is the
+real final observation: terminations stop bootstrapping, truncations (MuJoCo's 1000-step limit)
+bootstrap from it. Reset steps are stored but never sampled.
+
+Resume: checkpoints hold the networks, optimizers, temperature, counters, RNG states and the exact
+env state (MuJoCo included); with ``--checkpoint-buffer`` also the replay, and then a resumed run
+continues exactly as the uninterrupted one. Reference figures: benchmark/replay_memory.sh.
+"""
+
+import dataclasses
+import importlib
+import math
+import os
+import random
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from gymnasium.vector import AutoresetMode
+from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_utils.buffers import ReplayBuffer
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    resolve_resume,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from cleanrl_utils.envs import EnvSnapshot, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import Progress, ResourceMonitor
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; env i is seeded with seed + i"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, train on CUDA when available"""
+    threads: int | None = None
+    """torch intra-op threads of this process (None: torch's default)"""
+    track: bool = False
+    """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
+    wandb_project_name: str = "cleanrl"
+    """the W&B project"""
+    wandb_entity: str | None = None
+    """the W&B entity (team); None for the key's default"""
+    capture_video: bool = False
+    """if toggled, record videos of env 0 into runs/<run-name>/videos"""
+    run_name: str | None = None
+    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
+    checkpoint_interval: int = 100_000
+    """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
+    checkpoint_buffer: bool = False
+    """if toggled, checkpoints also hold the replay buffer (exact resume, larger files)"""
+    resume: str | None = None
+    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    progress: bool = True
+    """show live progress on the console (plain periodic lines when it is not a terminal)"""
+
+    # Algorithm specific arguments
+    env_id: str = "HalfCheetah-v4"
+    """the id of the gymnasium environment (Box actions and observations)"""
+    total_timesteps: int = 1_000_000
+    """total env steps of the run, summed over envs"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    buffer_size: int = 1_000_000
+    """replay capacity in transitions, summed over envs"""
+    gamma: float = 0.99
+    """the discount factor"""
+    tau: float = 0.005
+    """target smoothing coefficient (Polyak averaging per update)"""
+    batch_size: int = 256
+    """transitions per gradient step"""
+    learning_starts: int = 5_000
+    """env steps (summed over envs) of uniform random actions before learning starts"""
+    policy_lr: float = 3e-4
+    """the learning rate of the actor and the temperature"""
+    q_lr: float = 1e-3
+    """the learning rate of the Q-networks"""
+    policy_frequency: int = 2
+    """critic updates between actor updates (the actor then takes this many steps: TD3's delay)"""
+    target_network_frequency: int = 1
+    """critic updates between Polyak updates of the target networks"""
+    alpha: float = 0.2
+    """entropy temperature (the initial one with --autotune)"""
+    autotune: bool = True
+    """if toggled, tune the temperature towards the target entropy -dim(A)"""
+
+
+def validate(args: Args) -> None:
+    """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "threads")
+    for name in positive + ("target_network_frequency",):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
+    for name in ("policy_lr", "q_lr", "alpha"):
+        if not getattr(args, name) > 0:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    if not 0.0 < args.gamma <= 1.0:
+        fail(f"--gamma {args.gamma}: must be in (0, 1]")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau {args.tau}: must be in (0, 1]")
+    if args.buffer_size < args.num_envs * 3:
+        fail(f"--buffer-size {args.buffer_size}: must hold at least 3 steps of every env ({args.num_envs * 3})")
+    if args.learning_starts < args.batch_size:
+        fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
+    if args.total_timesteps <= args.learning_starts:
+        fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    module, _, env_name = args.env_id.rpartition(":")
+    try:
+        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
+            importlib.import_module(module)
+        gym.spec(env_name)
+    except (ImportError, gym.error.Error) as e:
+        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_dir)
+        else:
+            env = gym.make(env_id)
+        return EnvSnapshot(gym.wrappers.FlattenObservation(env))
+
+    return thunk
+
+
+class SoftQNetwork(nn.Module):
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim + action_dim, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
+            nn.Linear(256, 1),
+        )
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.network(torch.cat([obs, action], dim=1)).squeeze(1)
+
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class Actor(nn.Module):
+    """A Gaussian policy squashed by tanh into the action box [low, high]."""
+
+    def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray):
+        super().__init__()
+        action_dim = len(action_low)
+        self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
+        self.mean = nn.Linear(256, action_dim)
+        self.log_std = nn.Linear(256, action_dim)
+        low, high = torch.as_tensor(action_low, dtype=torch.float32), torch.as_tensor(action_high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A sampled action, its log-probability (with the tanh correction) and the deterministic action."""
+        hidden = self.trunk(obs)
+        mean = self.mean(hidden)
+        # a smooth squash of log_std into [LOG_STD_MIN, LOG_STD_MAX] keeps its gradient alive
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(self.log_std(hidden)) + 1)
+        std = log_std.exp()
+        u = mean + std * torch.randn_like(mean)  # reparameterised sample
+        y = torch.tanh(u)
+        gaussian_log_prob = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(1)
+        # change of variables a = scale * tanh(u) + bias; log(1 - tanh(u)^2) in a stable form
+        log_det = (torch.log(self.action_scale) + 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(1)
+        action = y * self.action_scale + self.action_bias
+        return action, gaussian_log_prob - log_det, torch.tanh(mean) * self.action_scale + self.action_bias
+
+
+def soft_q_target(
+    rewards: torch.Tensor,
+    next_q1: torch.Tensor,
+    next_q2: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    terminations: torch.Tensor,
+    alpha: float | torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """r + gamma * (min(Q1', Q2') - alpha * log pi(a'|s')), without bootstrap after a termination.
+
+    The next-state quantities belong to the *real* next observation, which for a truncated
+    transition is the final observation (so truncation keeps its bootstrap).
+    """
+    return rewards + gamma * (1.0 - terminations) * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+
+
+@torch.no_grad()
+def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * source, in place, one fused op over all tensors."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
+class StopRequested:
+    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    checkpoint = None
+    if args.resume:
+        try:
+            checkpoint = load_checkpoint(resolve_resume(args.resume))
+        except CheckpointError as e:
+            fail(str(e))
+        args = Args(**checkpoint["args"])
+    validate(args)
+
+    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]
+    run_dir = Path("runs") / run_name
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # ENV SETUP
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)],
+        autoreset_mode=AutoresetMode.NEXT_STEP,
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the replay buffer assumes next-step autoreset"
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        envs.close()
+        fail(f"--env-id {args.env_id}: needs a continuous (Box) action space, got {envs.single_action_space}")
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    action_shape = envs.single_action_space.shape
+    low, high = envs.single_action_space.low, envs.single_action_space.high
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        envs.close()
+        fail(f"--env-id {args.env_id}: needs a bounded action space, got {envs.single_action_space}")
+    envs.single_action_space.seed(args.seed)
+
+    actor = Actor(obs_dim, low, high).to(device)
+    qf1, qf2 = SoftQNetwork(obs_dim, action_shape[0]).to(device), SoftQNetwork(obs_dim, action_shape[0]).to(device)
+    qf1_target, qf2_target = (
+        SoftQNetwork(obs_dim, action_shape[0]).to(device),
+        SoftQNetwork(obs_dim, action_shape[0]).to(device),
+    )
+    qf1_target.requires_grad_(False), qf2_target.requires_grad_(False)
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr, fused=True)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
+    target_entropy = -float(np.prod(action_shape))
+    log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
+    a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr)
+    alpha = args.alpha
+    rb = ReplayBuffer(args.buffer_size, args.num_envs, (obs_dim,), action_shape, np.float32, np.float32, seed=args.seed)
+
+    next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
+    next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
+    global_step, updates, wandb_id = 0, 0, None
+    if checkpoint is not None:
+        actor.load_state_dict(checkpoint["actor"])
+        for net, key in ((qf1, "qf1"), (qf2, "qf2"), (qf1_target, "qf1_target"), (qf2_target, "qf2_target")):
+            net.load_state_dict(checkpoint[key])
+        q_optimizer.load_state_dict(checkpoint["q_optimizer"])
+        actor_optimizer.load_state_dict(checkpoint["actor_optimizer"])
+        a_optimizer.load_state_dict(checkpoint["a_optimizer"])
+        with torch.no_grad():
+            log_alpha.copy_(checkpoint["log_alpha"])
+        alpha = log_alpha.exp().item() if args.autotune else args.alpha
+        set_vector_state(envs, checkpoint["envs"])
+        set_rng_state(checkpoint["rng"])
+        envs.single_action_space.np_random.bit_generator.state = checkpoint["action_space_rng"]
+        next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
+        global_step, updates, wandb_id = checkpoint["global_step"], checkpoint["updates"], checkpoint["wandb_id"]
+        if "replay" in checkpoint:
+            rb.load_state_dict(checkpoint["replay"])
+    start_step = global_step
+    # without a saved replay, a resumed run refills its buffer before learning again
+    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
+
+    # LOGGING SETUP (the run directory exists only from here on)
+    if args.track:
+        import wandb
+
+        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=dataclasses.asdict(args),
+            name=run_name,
+            id=wandb_id,
+            resume="allow",
+            dir=str(run_dir),
+            save_code=True,
+        )
+    writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
+    )
+
+    def write_checkpoint() -> Path:
+        state = {
+            "actor": actor.state_dict(),
+            "qf1": qf1.state_dict(),
+            "qf2": qf2.state_dict(),
+            "qf1_target": qf1_target.state_dict(),
+            "qf2_target": qf2_target.state_dict(),
+            "q_optimizer": q_optimizer.state_dict(),
+            "actor_optimizer": actor_optimizer.state_dict(),
+            "a_optimizer": a_optimizer.state_dict(),
+            "log_alpha": log_alpha.detach().cpu(),
+            "args": dataclasses.asdict(args),
+            "run_name": run_name,
+            "global_step": global_step,
+            "updates": updates,
+            "rng": rng_state(),
+            "action_space_rng": envs.single_action_space.np_random.bit_generator.state,
+            "envs": get_vector_state(envs),
+            "next_obs": torch.from_numpy(np.array(next_obs)),
+            "next_done": torch.from_numpy(next_done.copy()),
+            "wandb_id": wandb_id,
+        }
+        if args.checkpoint_buffer:
+            state["replay"] = rb.state_dict()
+        return save_checkpoint(state, run_dir / "checkpoints", global_step)
+
+    stop = StopRequested()
+    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress)
+    monitor = ResourceMonitor(device)
+    recent_returns: deque[float] = deque(maxlen=20)
+    start_time = time.perf_counter()
+    env_time = inference_time = learn_time = 0.0
+    last_checkpoint: Path | None = None
+    log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
+    qf_loss = actor_loss = torch.zeros((), device=device)
+
+    def check_finite() -> None:
+        """Checked at logging and checkpoint time only: a check per update would stall a GPU every step."""
+        if not (torch.isfinite(qf_loss) and torch.isfinite(actor_loss)):
+            raise FloatingPointError(
+                f"non-finite loss at step {global_step}; last good checkpoint: {last_checkpoint or 'none'}"
+            )
+
+    try:
+        for step in range(1, (args.total_timesteps - global_step) // args.num_envs + 1):
+            global_step += args.num_envs
+
+            # ACT: uniform actions until learning starts, then samples of the policy
+            t0 = time.perf_counter()
+            if global_step <= first_learning_step:
+                actions = np.stack([envs.single_action_space.sample() for _ in range(args.num_envs)])
+            else:
+                with torch.inference_mode():
+                    actions, _, _ = actor(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
+                actions = actions.cpu().numpy()
+            t1 = time.perf_counter()
+            obs = next_obs
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            t2 = time.perf_counter()
+            inference_time, env_time = inference_time + t1 - t0, env_time + t2 - t1
+
+            # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
+            rb.add(obs, actions, rewards, terminations, ~next_done)
+            next_done = np.logical_or(terminations, truncations)
+            if "_episode" in infos:
+                for i in np.flatnonzero(infos["_episode"]):
+                    episodic_return = float(infos["episode"]["r"][i])
+                    recent_returns.append(episodic_return)
+                    writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+                    writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+
+            # UPDATE: one critic step per vector step; the actor every policy_frequency critic steps
+            if global_step > first_learning_step:
+                t0 = time.perf_counter()
+                data = {k: torch.as_tensor(v, device=device) for k, v in rb.sample(args.batch_size).items()}
+                with torch.no_grad():
+                    next_actions, next_log_prob, _ = actor(data["next_obs"])
+                    target = soft_q_target(
+                        data["rewards"],
+                        qf1_target(data["next_obs"], next_actions),
+                        qf2_target(data["next_obs"], next_actions),
+                        next_log_prob,
+                        data["terminations"].float(),
+                        alpha,
+                        args.gamma,
+                    )
+                qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
+                qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
+                q_optimizer.zero_grad(set_to_none=True)
+                qf_loss.backward()
+                q_optimizer.step()
+                updates += 1
+
+                if updates % args.policy_frequency == 0:
+                    for _ in range(args.policy_frequency):
+                        pi, log_pi, _ = actor(data["obs"])
+                        min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
+                        actor_loss = (alpha * log_pi - min_q_pi).mean()
+                        actor_optimizer.zero_grad(set_to_none=True)
+                        actor_loss.backward()
+                        actor_optimizer.step()
+                        if args.autotune:
+                            alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
+                            a_optimizer.zero_grad(set_to_none=True)
+                            alpha_loss.backward()
+                            a_optimizer.step()
+                            alpha = log_alpha.exp().item()
+
+                if updates % args.target_network_frequency == 0:
+                    polyak_update_(qf1_target, qf1, args.tau)
+                    polyak_update_(qf2_target, qf2, args.tau)
+                learn_time += time.perf_counter() - t0
+
+            # LOGGING
+            if step % log_every == 0:
+                sps = (global_step - start_step) / (time.perf_counter() - start_time)
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("perf/env_time", env_time, global_step)
+                writer.add_scalar("perf/inference_time", inference_time, global_step)
+                writer.add_scalar("perf/learn_time", learn_time, global_step)
+                writer.add_scalar("perf/replay_bytes", rb.nbytes, global_step)
+                check_finite()
+                if updates > 0:
+                    writer.add_scalar("losses/qf1_values", qf1_values.mean().item(), global_step)
+                    writer.add_scalar("losses/qf2_values", qf2_values.mean().item(), global_step)
+                    writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)
+                    writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
+                    writer.add_scalar("losses/alpha", alpha, global_step)
+                for name, value in monitor.sample().items():
+                    writer.add_scalar(f"perf/{name}", value, global_step)
+                env_time = inference_time = learn_time = 0.0
+                progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+
+            # CHECKPOINT
+            if stop.signum is not None:
+                path = write_checkpoint()
+                print(f"stopped by signal {stop.signum} at step {global_step}; checkpoint {path}", file=sys.stderr)
+                sys.exit(128 + stop.signum)
+            if (
+                args.checkpoint_interval
+                and global_step % args.checkpoint_interval == 0
+                and global_step < args.total_timesteps
+            ):
+                check_finite()
+                last_checkpoint = write_checkpoint()
+        check_finite()
+        write_checkpoint()
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        progress.close()
+        envs.close()
+        writer.close()
+        if args.track:
+            wandb.finish()
+
+
+if __name__ == "__main__":
+    main()
