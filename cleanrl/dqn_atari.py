@@ -152,8 +152,10 @@ def validate(args: Args) -> None:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     if args.total_timesteps <= args.learning_starts:
         fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
-    if args.checkpoint_interval < 0:
-        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    if args.checkpoint_interval < 0 or args.checkpoint_interval % args.num_envs != 0:
+        fail(
+            f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0 and a multiple of --num-envs {args.num_envs}"
+        )
     try:
         spec = gym.spec(args.env_id)
     except gym.error.Error as e:

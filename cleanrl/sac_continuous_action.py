@@ -140,8 +140,10 @@ def validate(args: Args) -> None:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     if args.total_timesteps <= args.learning_starts:
         fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
-    if args.checkpoint_interval < 0:
-        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    if args.checkpoint_interval < 0 or args.checkpoint_interval % args.num_envs != 0:
+        fail(
+            f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0 and a multiple of --num-envs {args.num_envs}"
+        )
     module, _, env_name = args.env_id.rpartition(":")
     try:
         if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
@@ -391,7 +393,7 @@ def main() -> None:
     env_time = inference_time = learn_time = 0.0
     last_checkpoint: Path | None = None
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
-    qf_loss = actor_loss = torch.zeros((), device=device)
+    qf_loss = actor_loss = qf1_values = qf2_values = torch.zeros((), device=device)  # of the latest update
 
     def check_finite() -> None:
         """Checked at logging and checkpoint time only: a check per update would stall a GPU every step."""

@@ -48,7 +48,36 @@ COPIES = {
     "vtrace": ["appo.py", "appo_atari.py"],
     "Agent (MLP)": ["ppo.py", "appo.py"],
     "Agent (Nature CNN)": ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py", "appo_atari.py"],
-    "make_env (Atari)": ["ppo_atari.py", "ppo_atari_multigpu.py"],
+    "make_env (Atari)": ["ppo_atari.py", "ppo_atari_multigpu.py", "dqn_atari.py", "dqn_atari_multigpu.py"],
+    "make_env (SAC)": ["sac_continuous_action.py", "sac_continuous_action_multigpu.py"],
+    "fail (off-policy)": ["dqn.py", "dqn_atari.py", "sac_continuous_action.py"],
+    "fail (rank 0 prints, off-policy)": [
+        "ppo_atari_multigpu.py",
+        "dqn_atari_multigpu.py",
+        "sac_continuous_action_multigpu.py",
+    ],
+    "StopRequested (off-policy)": [
+        "ppo.py",
+        "dqn.py",
+        "dqn_atari.py",
+        "dqn_atari_multigpu.py",
+        "sac_continuous_action.py",
+        "sac_continuous_action_multigpu.py",
+    ],
+    "td_target": ["dqn.py", "dqn_atari.py", "dqn_atari_multigpu.py"],
+    "linear_schedule": ["dqn.py", "dqn_atari.py", "dqn_atari_multigpu.py"],
+    "QNetwork (Nature CNN)": ["dqn_atari.py", "dqn_atari_multigpu.py"],
+    "Actor": ["sac_continuous_action.py", "sac_continuous_action_multigpu.py"],
+    "SoftQNetwork": ["sac_continuous_action.py", "sac_continuous_action_multigpu.py"],
+    "soft_q_target": ["sac_continuous_action.py", "sac_continuous_action_multigpu.py"],
+    "polyak_update_": ["sac_continuous_action.py", "sac_continuous_action_multigpu.py"],
+    "init_distributed": ["ppo_atari_multigpu.py", "dqn_atari_multigpu.py", "sac_continuous_action_multigpu.py"],
+    "parameters_digest": ["ppo_atari_multigpu.py", "dqn_atari_multigpu.py", "sac_continuous_action_multigpu.py"],
+    "all_reduce_mean_ (off-policy)": [
+        "ppo_atari_multigpu.py",
+        "dqn_atari_multigpu.py",
+        "sac_continuous_action_multigpu.py",
+    ],
 }
 
 

@@ -34,7 +34,8 @@ def _last_mean_returns(script: str, extra: list[str], seeds: list[int], tmp_path
 
 
 def test_ppo_cartpole_reaches_450_within_100k_steps(tmp_path):
-    means = _last_mean_returns(
-        "ppo.py", ["--total-timesteps", "100000", "--checkpoint-interval", "0"], [1, 2, 3], tmp_path
-    )
+    flags = ["--total-timesteps", "100000", "--checkpoint-interval", "0"]
+    means = _last_mean_returns("ppo.py", flags, [1, 2], tmp_path)
+    if sum(m >= 450 for m in means) < 2:  # 2 of 3 seeds must: the third runs only when it decides
+        means += _last_mean_returns("ppo.py", flags, [3], tmp_path)
     assert sum(m >= 450 for m in means) >= 2, means
