@@ -4,8 +4,9 @@ Each process (rank) steps its own share of the envs into its own shard of the re
 (buffer_size / world size transitions), samples its share of every minibatch from that shard, and
 the ranks keep a single Q-network by averaging gradients with one all_reduce of a flat buffer per
 gradient step. The target network is a copy of that common Q-network, so it is identical on every
-rank too. Replay memory per node is divided by the number of ranks on other nodes: sharding is
-what lets a replay of 1M Atari transitions (7.1 GB here) spread over a cluster.
+rank too. Each rank holds buffer_size / world size transitions, so with one rank per node every
+node added divides the replay memory per node: sharding is what lets a replay of 1M Atari
+transitions (7.1 GB here) spread over a cluster.
 
 Launch:
     python cleanrl/dqn_atari_multigpu.py                                  # one process (= dqn_atari.py)
