@@ -216,13 +216,17 @@ class StopRequested:
 
     def __init__(self):
         self.signum: int | None = None
+        self.first_at = 0.0
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame):
-        if self.signum is not None:  # a second Ctrl-C: stop now
+        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
+        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
+        if self.signum is None:
+            self.signum, self.first_at = signum, time.monotonic()
+        elif time.monotonic() - self.first_at > 1.0:
             raise KeyboardInterrupt
-        self.signum = signum
 
 
 def main() -> None:
