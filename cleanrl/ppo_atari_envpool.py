@@ -23,35 +23,20 @@ counters and RNGs exactly but starts new games (seeded from the seed and the ite
 Reference figures: benchmark/ppo_throughput.sh.
 """
 
-import dataclasses
 import os
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import envpool
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.envs import EpisodeVideo
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.envs import EnvPoolGames, EpisodeVideo
+from cleanrl_utils.run import RUN_ERRORS, Run, exit_on_signal, fail, report_and_exit, require_positive, start
 
 
 @dataclass
@@ -68,7 +53,7 @@ class Args:
     """torch intra-op threads of this process (None: torch's default, one per core)"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
@@ -76,10 +61,10 @@ class Args:
     """if toggled, record videos of env 0's games into runs/<run-name>/videos"""
     run_name: str | None = None
     """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
-    checkpoint_interval: int = 50
-    """write a checkpoint every this many iterations (0: only at the end and on Ctrl-C)"""
+    checkpoint_interval: int = 500_000
+    """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
 
@@ -124,15 +109,10 @@ class Args:
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
-    for name in positive:
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
+    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
+    require_positive(args, "learning_rate", "clip_coef", "max_grad_norm")
     if args.env_threads < 0:
         fail(f"--env-threads {args.env_threads}: must be >= 0")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 <= args.gae_lambda <= 1.0:
@@ -153,11 +133,6 @@ def validate(args: Args) -> None:
         fail(f"--env-id {args.env_id}: not an EnvPool task (see envpool.list_all_envs())")
     if type(envpool.make_spec(args.env_id)).__name__ != "AtariEnvSpec":
         fail(f"--env-id {args.env_id}: not an Atari task of EnvPool")
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def make_envs(env_id: str, num_envs: int, seed: int, num_threads: int, capture_video: bool):
@@ -224,22 +199,13 @@ class Agent(nn.Module):
         return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
 
 
-def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    next_value: np.ndarray,
-    terminations: np.ndarray,
-    dones: np.ndarray,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Generalized advantage estimation over a (num_steps, num_envs) rollout.
+def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation over a rollout of (num_steps, num_envs) arrays; returns (advantages, returns).
 
     ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation that
     step t returned: under next-step autoreset that is the real final observation when step t
     ended an episode. ``terminations[t]`` stops bootstrapping from it; ``dones[t]`` (terminated or
     truncated) stops the advantage recursion, so a truncated step keeps its bootstrap value.
-    Returns (advantages, returns).
     """
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
@@ -252,17 +218,8 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def ppo_loss(
-    newlogprob: torch.Tensor,
-    oldlogprob: torch.Tensor,
-    advantages: torch.Tensor,
-    newvalue: torch.Tensor,
-    oldvalue: torch.Tensor,
-    returns: torch.Tensor,
-    clip_coef: float,
-    clip_vloss: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped surrogate policy loss and (optionally clipped) value loss, both to be minimised."""
+def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef: float, clip_vloss: bool):
+    """Clipped surrogate policy loss and (optionally clipped) value loss of a minibatch, both to be minimised."""
     ratio = (newlogprob - oldlogprob).exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     if clip_vloss:
@@ -273,41 +230,10 @@ def ppo_loss(
     return pg_loss, v_loss
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
 def main() -> None:
-    args = tyro.cli(Args)
-    checkpoint = None
-    if args.resume:
-        try:
-            checkpoint = load_checkpoint(resolve_resume(args.resume))
-        except CheckpointError as e:
-            fail(str(e))
-        args = Args(**checkpoint["args"])
-    validate(args)
-
+    args, run_dir, checkpoint = start(Args, validate, __file__)  # exit 2 on bad input, before any work
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]
-    run_dir = Path("runs") / run_name
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -331,70 +257,25 @@ def main() -> None:
 
     # ROLLOUT STORAGE in host memory: per-step numpy writes cost ~1us where a tensor copy costs ~5us.
     # Step t holds obs_t, the action taken in it and what stepping returned.
-    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.uint8)
-    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
-    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    valid = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    shape = (args.num_steps, args.num_envs)
+    obs = np.zeros((*shape, *obs_shape), dtype=np.uint8)
+    actions, valid = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool)
+    logprobs, rewards, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    terminations, dones = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
     next_obs, _ = envs.reset()
-    next_game_over = np.zeros(args.num_envs, dtype=bool)  # did the previous step end a game (reset step next)?
-    game_returns = np.zeros(args.num_envs)  # unclipped score of each env's current game
-    game_lengths = np.zeros(args.num_envs, dtype=np.int64)
+    games = EnvPoolGames(args.num_envs)  # whole-game scores, and which env's next step only resets it
     video = EpisodeVideo(str(run_dir / "videos")) if args.capture_video else None
-    start_iteration, global_step, wandb_id = 1, 0, None
+    start_iteration, global_step = 1, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_state(checkpoint["rng"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        wandb_id = checkpoint["wandb_id"]
 
-    # LOGGING SETUP (the run directory exists only from here on)
-    if args.track:
-        import wandb
-
-        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=dataclasses.asdict(args),
-            name=run_name,
-            id=wandb_id,
-            resume="allow",
-            dir=str(run_dir),
-            save_code=True,
-        )
-    writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-    )
-
-    def write_checkpoint(iteration: int) -> Path:
-        state = {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "iteration": iteration,
-            "global_step": global_step,
-            "rng": rng_state(),
-            "wandb_id": wandb_id,
-        }
-        return save_checkpoint(state, run_dir / "checkpoints", iteration)
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_step, start_time = global_step, time.perf_counter()
-    iteration = start_iteration - 1
-    last_checkpoint: Path | None = None
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device)
+    writer = run.writer
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -406,42 +287,22 @@ def main() -> None:
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
-                valid[step] = ~next_game_over  # a step right after a game ends only resets that env
+                valid[step] = ~games.reset_next  # a step right after a game ends only resets that env
 
                 t0 = time.perf_counter()
                 with torch.inference_mode():
                     action, logprob, value = agent.act(torch.as_tensor(obs[step], device=device))
-                actions[step], logprobs[step], values[step] = (
-                    action.cpu().numpy(),
-                    logprob.cpu().numpy(),
-                    value.cpu().numpy(),
-                )
+                actions[step], logprobs[step], values[step] = (t.cpu().numpy() for t in (action, logprob, value))
                 t1 = time.perf_counter()
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step].astype(np.int32))
-                t2 = time.perf_counter()
-                env_time += t2 - t1
-                inference_time += t1 - t0
+                env_time, inference_time = env_time + time.perf_counter() - t1, inference_time + t1 - t0
 
-                rewards[step], terminations[step], dones[step] = (
-                    reward,
-                    terminated,
-                    np.logical_or(terminated, truncated),
-                )
-
-                # EPISODE STATISTICS over whole games, from the unclipped score; reset steps count for nothing.
-                game_returns[next_game_over], game_lengths[next_game_over] = 0.0, 0
-                game_returns += infos["reward"]
-                game_lengths += ~next_game_over
-                next_game_over = infos["terminated"].astype(bool) | truncated
-                for i in np.flatnonzero(next_game_over):
-                    recent_returns.append(float(game_returns[i]))
-                    writer.add_scalar("charts/episodic_return", game_returns[i], global_step)
-                    writer.add_scalar("charts/episodic_length", game_lengths[i], global_step)
+                rewards[step], terminations[step] = reward, terminated
+                dones[step] = np.logical_or(terminated, truncated)
+                for _, score, length in games.update(infos, truncated):  # whole games, unclipped scores
+                    run.log_episode(global_step, score, length)
                 if video is not None:
-                    if video.recording:
-                        video.add(envs.render(env_ids=[0])[0])
-                    if next_game_over[0]:
-                        video.end_episode()
+                    video.record(envs, episode_over=games.reset_next[0])
 
             # ADVANTAGES
             learn_start = time.perf_counter()
@@ -496,16 +357,13 @@ def main() -> None:
                     break
             learn_time = time.perf_counter() - learn_start
             if not torch.isfinite(loss):  # NaN/inf parameters would poison every later update
-                last = last_checkpoint or "none"
-                raise FloatingPointError(f"non-finite loss at iteration {iteration}; last good checkpoint: {last}")
+                raise run.nonfinite("loss", global_step)
 
             # LOGGING
             y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
             var_y = np.var(y_true)
             explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-            sps = (global_step - start_step) / (time.perf_counter() - start_time)
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
             writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
             writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
@@ -516,27 +374,26 @@ def main() -> None:
             writer.add_scalar("perf/env_time", env_time, global_step)
             writer.add_scalar("perf/inference_time", inference_time, global_step)
             writer.add_scalar("perf/learn_time", learn_time, global_step)
-            for name, value in monitor.sample().items():
-                writer.add_scalar(f"perf/{name}", value, global_step)
-            progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+            run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
 
-            # CHECKPOINT
-            if stop.signum is not None:
-                path = write_checkpoint(iteration)
-                print(f"stopped by signal {stop.signum} at iteration {iteration}; checkpoint {path}", file=sys.stderr)
-                sys.exit(128 + stop.signum)
-            if args.checkpoint_interval and iteration % args.checkpoint_interval == 0 and iteration < num_iterations:
-                last_checkpoint = write_checkpoint(iteration)
-        write_checkpoint(iteration)
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            if run.checkpoint_due(global_step, batch_size, final=iteration == num_iterations):
+                state = {  # everything an exact resume needs
+                    "model": agent.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "iteration": iteration,
+                    "global_step": global_step,
+                    "rng": rng_state(),
+                }
+                path = run.save(state, global_step)
+                if run.stop.signum:
+                    exit_on_signal(run.stop.signum, path, global_step)
+    except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
     finally:
-        progress.close()
+        run.close()
         envs.close()
-        writer.close()
-        if args.track:
-            wandb.finish()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

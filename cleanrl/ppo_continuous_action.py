@@ -17,42 +17,25 @@ observation (normalised like any other); the next ``step`` only resets that env.
 stay in the rollout but are dropped from the training batch. Termination stops bootstrapping;
 truncation (the time limit, 1000 steps in MuJoCo) bootstraps from the final observation's value.
 
-Reference figures: benchmark/ppo_throughput.sh.
+Defaults are CleanRL's MuJoCo PPO settings (no departure). Reference figures: benchmark/ppo_throughput.sh.
 """
 
-import dataclasses
-import importlib
 import math
-import multiprocessing
 import os
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.envs import EnvSnapshot, EnvWorkerError, WorkerGuard, get_vector_state, set_vector_state
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.run import RUN_ERRORS, Run, exit_on_signal, fail, report_and_exit, require_positive, start
 
 
 @dataclass
@@ -69,7 +52,7 @@ class Args:
     """torch intra-op threads of this process (1 is fastest for a small MLP)"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
@@ -77,10 +60,10 @@ class Args:
     """if toggled, record videos of env 0 into runs/<run-name>/videos"""
     run_name: str | None = None
     """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
-    checkpoint_interval: int = 50
-    """write a checkpoint every this many iterations (0: only at the end and on Ctrl-C)"""
+    checkpoint_interval: int = 100_000
+    """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
 
@@ -121,23 +104,18 @@ class Args:
     """coefficient of the value loss"""
     max_grad_norm: float = 0.5
     """the maximum norm of the gradient"""
+    target_kl: float | None = None
+    """stop the epochs of an update early once the approximate KL exceeds this"""
     clip_obs: float = 10.0
     """normalised observations are clipped to [-clip_obs, clip_obs]"""
     clip_reward: float = 10.0
     """normalised rewards are clipped to [-clip_reward, clip_reward]"""
-    target_kl: float | None = None
-    """stop the epochs of an update early once the approximate KL exceeds this"""
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
-    for name in ("learning_rate", "clip_coef", "env_timeout", "max_grad_norm", "clip_obs", "clip_reward"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
+    require_positive(args, "learning_rate", "clip_coef", "env_timeout", "max_grad_norm", "clip_obs", "clip_reward")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 <= args.gae_lambda <= 1.0:
@@ -154,25 +132,11 @@ def validate(args: Args) -> None:
             f"--total-timesteps {args.total_timesteps}: must be at least one iteration, "
             f"num_envs * num_steps = {batch_size}"
         )
-    module, _, env_name = args.env_id.rpartition(":")
-    try:
-        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
-            importlib.import_module(module)
-        gym.spec(env_name)
-    except (ImportError, gym.error.Error) as e:
-        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    check_env_id(args.env_id)
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
     def thunk():
-        if multiprocessing.parent_process() is not None:
-            # An async worker: Ctrl-C is for the main process, which checkpoints and stops us.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir)
@@ -236,22 +200,13 @@ def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, logstd: torch.Te
     return (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
-def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    next_value: np.ndarray,
-    terminations: np.ndarray,
-    dones: np.ndarray,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Generalized advantage estimation over a (num_steps, num_envs) rollout.
+def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation over a rollout of (num_steps, num_envs) arrays; returns (advantages, returns).
 
     ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation that
     step t returned: under next-step autoreset that is the real final observation when step t
     ended an episode. ``terminations[t]`` stops bootstrapping from it; ``dones[t]`` (terminated or
     truncated) stops the advantage recursion, so a truncated step keeps its bootstrap value.
-    Returns (advantages, returns).
     """
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
@@ -264,17 +219,8 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def ppo_loss(
-    newlogprob: torch.Tensor,
-    oldlogprob: torch.Tensor,
-    advantages: torch.Tensor,
-    newvalue: torch.Tensor,
-    oldvalue: torch.Tensor,
-    returns: torch.Tensor,
-    clip_coef: float,
-    clip_vloss: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped surrogate policy loss and (optionally clipped) value loss, both to be minimised."""
+def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef: float, clip_vloss: bool):
+    """Clipped surrogate policy loss and (optionally clipped) value loss of a minibatch, both to be minimised."""
     ratio = (newlogprob - oldlogprob).exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     if clip_vloss:
@@ -285,41 +231,10 @@ def ppo_loss(
     return pg_loss, v_loss
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
 def main() -> None:
-    args = tyro.cli(Args)
-    checkpoint = None
-    if args.resume:
-        try:
-            checkpoint = load_checkpoint(resolve_resume(args.resume))
-        except CheckpointError as e:
-            fail(str(e))
-        args = Args(**checkpoint["args"])
-    validate(args)
-
+    args, run_dir, checkpoint = start(Args, validate, __file__)  # exit 2 on bad input, before any work
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]
-    run_dir = Path("runs") / run_name
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -332,10 +247,8 @@ def main() -> None:
     env_fns = [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)]
     if args.vector_mode == "sync":
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
-    else:
-        envs = WorkerGuard(
-            gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP), args.env_id, args.env_timeout
-        )
+    else:  # one worker process per env; one that raises, dies or hangs stops the run with one line
+        envs = async_vector_env(env_fns, args.env_id, args.env_timeout)
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         envs.close()
         fail(f"--env-id {args.env_id}: needs a continuous (Box) action space, got {envs.single_action_space}")
@@ -345,8 +258,7 @@ def main() -> None:
     envs = reward_norm = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
     envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout below assumes next-step autoreset"
-    obs_shape = envs.single_observation_space.shape
-    action_shape = envs.single_action_space.shape
+    obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
 
     agent = Agent(int(np.prod(obs_shape)), int(np.prod(action_shape))).to(device)
     # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
@@ -354,79 +266,26 @@ def main() -> None:
 
     # ROLLOUT STORAGE in host memory: per-step numpy writes cost ~1us where a tensor copy costs ~5us.
     # Step t holds obs_t, the action taken in it and what stepping returned.
-    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.float32)
-    actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.float32)
-    logprobs = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    valid = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    shape = (args.num_steps, args.num_envs)
+    obs = np.zeros((*shape, *obs_shape), dtype=np.float32)
+    actions, valid = np.zeros((*shape, *action_shape), dtype=np.float32), np.zeros(shape, dtype=bool)
+    logprobs, rewards, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    terminations, dones = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
     next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
     next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
-    start_iteration, global_step, wandb_id = 1, 0, None
+    start_iteration, global_step = 1, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
-        next_obs = checkpoint["next_obs"].numpy()
-        next_done = checkpoint["next_done"].numpy()
+        next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        wandb_id = checkpoint["wandb_id"]
 
-    # LOGGING SETUP (the run directory exists only from here on)
-    if args.track:
-        import wandb
-
-        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=dataclasses.asdict(args),
-            name=run_name,
-            id=wandb_id,
-            resume="allow",
-            dir=str(run_dir),
-            save_code=True,
-        )
-    writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-    )
-
-    def write_checkpoint(iteration: int) -> Path:
-        state = {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "iteration": iteration,
-            "global_step": global_step,
-            "rng": rng_state(),
-            "envs": get_vector_state(envs),
-            "next_obs": torch.from_numpy(np.array(next_obs)),
-            "next_done": torch.from_numpy(next_done.copy()),
-            "wandb_id": wandb_id,
-            "normalization": {  # also inside "envs"; here for evaluation without rebuilding the envs
-                "obs_mean": torch.from_numpy(np.array(obs_norm.obs_rms.mean)),
-                "obs_var": torch.from_numpy(np.array(obs_norm.obs_rms.var)),
-                "obs_count": float(obs_norm.obs_rms.count),
-                "return_var": float(reward_norm.return_rms.var),
-            },
-        }
-        return save_checkpoint(state, run_dir / "checkpoints", iteration)
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_step, start_time = global_step, time.perf_counter()
-    iteration = start_iteration - 1
-    last_checkpoint: Path | None = None
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device)
+    writer = run.writer
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -443,25 +302,16 @@ def main() -> None:
                 t0 = time.perf_counter()
                 with torch.inference_mode():
                     action, logprob, value = agent.act(torch.as_tensor(obs[step], device=device))
-                actions[step], logprobs[step], values[step] = (
-                    action.cpu().numpy(),
-                    logprob.cpu().numpy(),
-                    value.cpu().numpy(),
-                )
+                actions[step], logprobs[step], values[step] = (t.cpu().numpy() for t in (action, logprob, value))
                 t1 = time.perf_counter()
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
-                t2 = time.perf_counter()
-                env_time += t2 - t1
-                inference_time += t1 - t0
+                env_time, inference_time = env_time + time.perf_counter() - t1, inference_time + t1 - t0
 
                 next_done = np.logical_or(terminated, truncated)
                 rewards[step], terminations[step], dones[step] = reward, terminated, next_done
                 if "_episode" in infos:
                     for i in np.flatnonzero(infos["_episode"]):
-                        episodic_return = float(infos["episode"]["r"][i])
-                        recent_returns.append(episodic_return)
-                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+                        run.log_episode(global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
 
             # ADVANTAGES
             learn_start = time.perf_counter()
@@ -518,16 +368,13 @@ def main() -> None:
                     break
             learn_time = time.perf_counter() - learn_start
             if not torch.isfinite(loss):  # NaN/inf parameters would poison every later update
-                last = last_checkpoint or "none"
-                raise FloatingPointError(f"non-finite loss at iteration {iteration}; last good checkpoint: {last}")
+                raise run.nonfinite("loss", global_step)
 
             # LOGGING
             y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
             var_y = np.var(y_true)
             explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-            sps = (global_step - start_step) / (time.perf_counter() - start_time)
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
             writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
             writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
@@ -538,27 +385,32 @@ def main() -> None:
             writer.add_scalar("perf/env_time", env_time, global_step)
             writer.add_scalar("perf/inference_time", inference_time, global_step)
             writer.add_scalar("perf/learn_time", learn_time, global_step)
-            for name, value in monitor.sample().items():
-                writer.add_scalar(f"perf/{name}", value, global_step)
-            progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+            run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
 
-            # CHECKPOINT
-            if stop.signum is not None:
-                path = write_checkpoint(iteration)
-                print(f"stopped by signal {stop.signum} at iteration {iteration}; checkpoint {path}", file=sys.stderr)
-                sys.exit(128 + stop.signum)
-            if args.checkpoint_interval and iteration % args.checkpoint_interval == 0 and iteration < num_iterations:
-                last_checkpoint = write_checkpoint(iteration)
-        write_checkpoint(iteration)
-    except (EnvWorkerError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            if run.checkpoint_due(global_step, batch_size, final=iteration == num_iterations):
+                state = {  # everything an exact resume needs
+                    "model": agent.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "iteration": iteration,
+                    "global_step": global_step,
+                    "rng": rng_state(),
+                    "envs": get_vector_state(envs),
+                    "next_obs": torch.from_numpy(np.array(next_obs)),
+                    "next_done": torch.from_numpy(next_done.copy()),
+                    # the normalisation statistics (also inside "envs"), for an evaluation without these envs
+                    "obs_rms": {k: torch.as_tensor(np.asarray(v)) for k, v in vars(obs_norm.obs_rms).items()},
+                    "return_var": float(reward_norm.return_rms.var),
+                }
+                path = run.save(state, global_step)
+                if run.stop.signum:
+                    exit_on_signal(run.stop.signum, path, global_step)
+    except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
     finally:
-        progress.close()
+        run.close()
         envs.close()
-        writer.close()
-        if args.track:
-            wandb.finish()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

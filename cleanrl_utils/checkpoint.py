@@ -9,10 +9,16 @@ instead of executed.
 
 Everything that is not a tensor or a plain Python value (numpy arrays, numpy RNG states, bytes,
 deques) goes through :func:`encode` / :func:`decode`, which map it onto tensors and dicts.
+
+Integrity: every checkpoint carries the SHA-256 of its content (every tensor's bytes, dtype and shape
+and every plain value, in order), recomputed and compared on load. A file damaged on disk or in
+transit is refused with one line instead of training on silently wrong weights. A write that fails
+(a full disk) leaves no temporary file and keeps the previous checkpoints.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
@@ -25,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: content digest and the writing script's name
 _NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
 
 
@@ -120,6 +126,34 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Integrity.
+# --------------------------------------------------------------------------------------------
+def content_digest(value: Any) -> str:
+    """SHA-256 of a checkpoint's content: tensors by dtype, shape and bytes; plain values by type and repr."""
+    digest = hashlib.sha256()
+
+    def visit(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            t = v.detach().cpu().contiguous()
+            digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        elif isinstance(v, dict):
+            digest.update(f"D{len(v)}".encode())
+            for k, item in v.items():
+                digest.update(repr(k).encode())
+                visit(item)
+        elif isinstance(v, list | tuple):
+            digest.update(f"{type(v).__name__}{len(v)}".encode())
+            for item in v:
+                visit(item)
+        else:
+            digest.update(f"{type(v).__name__}:{v!r}".encode())
+
+    visit(value)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
 # Files.
 # --------------------------------------------------------------------------------------------
 def checkpoint_path(directory: str | os.PathLike, iteration: int) -> Path:
@@ -135,17 +169,24 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 
 def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, iteration: int, keep: int = 2) -> Path:
-    """Write ``state`` atomically as ``directory/ckpt_<iteration>.pt``; keep the newest ``keep`` files."""
+    """Write ``state`` atomically as ``directory/ckpt_<iteration>.pt``; keep the newest ``keep`` files.
+
+    Raises :class:`CheckpointError` (one line, the cause) when the write fails; the previous files stay.
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(directory, iteration)
     tmp = directory / f".{final.name}.tmp{os.getpid()}"
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            torch.save({"format_version": FORMAT_VERSION, "sha256": content_digest(state), **state}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
+    except (OSError, RuntimeError) as e:
+        # torch reports a failed write (ENOSPC, EFBIG, EIO) as a RuntimeError from its C++ writer.
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+        raise CheckpointError(f"writing checkpoint {final} failed ({reason})") from None
     finally:
         tmp.unlink(missing_ok=True)
     # Make the rename itself durable before older checkpoints are deleted.
@@ -181,8 +222,16 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt: {first_line}") from None
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has an unknown format (expected format_version {FORMAT_VERSION})")
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has layout version {version}, this version of the scripts reads layout "
+            f"{FORMAT_VERSION} (it was written by an older version: retrain, or resume it with that version)"
+        )
+    saved_digest = state.pop("sha256", None)
+    state.pop("format_version")
+    if saved_digest != content_digest(state):
+        raise CheckpointError(f"checkpoint {path} is corrupt: its content does not match the digest written with it")
     return state
 
 

@@ -6,22 +6,26 @@ emulator state, RNGs, time limits, frame stacks, episode accumulators, normalisa
 so ``--resume`` continues the very episodes the run was in and reproduces an uninterrupted run.
 The state is captured as plain values (see ``cleanrl_utils.checkpoint.encode``), never pickled.
 
-``WorkerGuard`` wraps an ``AsyncVectorEnv``: a worker that raises, dies or stops answering
-within ``timeout`` seconds ends the run with an :class:`EnvWorkerError` naming the env id,
+``async_vector_env`` builds an ``AsyncVectorEnv`` whose workers ignore Ctrl-C (the main process
+checkpoints and then stops them) under a ``WorkerGuard``: a worker that raises, dies or stops
+answering within ``timeout`` seconds ends the run with an :class:`EnvWorkerError` naming the env id,
 the worker and the cause, after every worker process has been terminated.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
+import signal
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, VectorEnv, VectorWrapper
-from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 
 from cleanrl_utils.checkpoint import Unencodable, decode, encode
+from cleanrl_utils.run import RunError, fail
 
 # Attributes that describe an environment rather than hold its state.
 _STRUCTURAL = frozenset(
@@ -107,6 +111,20 @@ def _layers(env: Any) -> list[Any]:
     return layers
 
 
+def check_env_id(env_id: str, atari: bool = False) -> None:
+    """``--env-id`` must name a registered gymnasium env (``module:Env-v0`` imports the module that
+    registers it, as ``gym.make`` does); with ``atari``, an ALE one. One line and exit 2 otherwise."""
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        spec = gym.spec(name)
+    except (ImportError, gym.error.Error) as e:
+        fail(f"--env-id {env_id}: not a registered gymnasium environment ({e})")
+    if atari and not str(spec.entry_point).startswith("ale_py"):
+        fail(f"--env-id {env_id}: not an Atari (ALE) environment")
+
+
 class EnvSnapshot(gym.Wrapper):
     """Outermost wrapper of a sub-environment: exposes its whole state as the ``snapshot`` attribute.
 
@@ -152,13 +170,18 @@ def _base(envs: VectorEnv) -> VectorEnv:
     return _layers(envs)[-1]
 
 
+def _vector_wrappers(envs: VectorEnv) -> list[Any]:
+    """The vector wrappers that hold state (a ``WorkerGuard`` holds none: sync and async runs resume alike)."""
+    return [w for w in _layers(envs)[:-1] if not isinstance(w, WorkerGuard)]
+
+
 def get_vector_state(envs: VectorEnv) -> dict[str, Any]:
     """State of every sub-environment (through ``EnvSnapshot``) and of every vector wrapper.
 
     Must be called between steps of a next-step-autoreset vector env whose sub-environments
     are wrapped (outermost) in :class:`EnvSnapshot`.
     """
-    wrappers = _layers(envs)[:-1]
+    wrappers = _vector_wrappers(envs)
     return {
         "envs": list(_base(envs).get_attr("snapshot")),
         "wrappers": [_capture_layer(w) for w in wrappers],
@@ -170,7 +193,7 @@ def set_vector_state(envs: VectorEnv, state: dict[str, Any]) -> None:
     base = _base(envs)
     if len(state["envs"]) != base.num_envs:
         raise ValueError(f"saved state has {len(state['envs'])} environments, this vector env has {base.num_envs}")
-    wrappers = _layers(envs)[:-1]
+    wrappers = _vector_wrappers(envs)
     if len(wrappers) != len(state["wrappers"]):
         raise ValueError("saved vector env has a different stack of vector wrappers")
     base.set_attr("snapshot", list(state["envs"]))
@@ -178,8 +201,25 @@ def set_vector_state(envs: VectorEnv, state: dict[str, Any]) -> None:
         _restore_layer(wrapper, wrapper_state)
 
 
-class EnvWorkerError(RuntimeError):
+class EnvWorkerError(RunError):
     """An environment worker process raised, died or stopped answering."""
+
+    on_every_rank = False  # one rank's worker: that rank reports it
+
+
+def _worker_ignoring_ctrl_c(*args, **kwargs) -> None:
+    # Ctrl-C reaches every process of the terminal's group; the main process checkpoints, then stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _async_worker(*args, **kwargs)
+
+
+def async_vector_env(env_fns, env_id: str, timeout: float) -> WorkerGuard:
+    """One worker process per env (observations in shared memory), next-step autoreset, supervised."""
+    return WorkerGuard(
+        AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP, worker=_worker_ignoring_ctrl_c),
+        env_id,
+        timeout,
+    )
 
 
 class WorkerGuard(VectorWrapper):
@@ -259,6 +299,29 @@ class WorkerGuard(VectorWrapper):
             pass
 
 
+class EnvPoolGames:
+    """Whole-game statistics of EnvPool's Atari envs, and which env's next step only resets it.
+
+    EnvPool autoresets on the next step after a game ends (game over or truncation): that step
+    ignores the action and returns reward 0, so it belongs to no game. A lost life sets
+    ``terminated`` but the game goes on, so games end on ``info["terminated"]`` (game over) or
+    truncation, and scores are sums of ``info["reward"]``, the unclipped reward.
+    """
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.reset_next = np.zeros(num_envs, dtype=bool)  # the next step of this env only resets it
+
+    def update(self, infos: dict[str, Any], truncated: np.ndarray) -> list[tuple[int, float, int]]:
+        """Account one vector step; returns (env index, score, length) of every game it ended."""
+        self.returns[self.reset_next], self.lengths[self.reset_next] = 0.0, 0
+        self.returns += infos["reward"]
+        self.lengths += ~self.reset_next
+        self.reset_next = infos["terminated"].astype(bool) | truncated
+        return [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(self.reset_next)]
+
+
 class EpisodeVideo:
     """Video of one env for vector envs without ``RecordVideo`` (EnvPool): feed it rendered frames.
 
@@ -279,6 +342,13 @@ class EpisodeVideo:
 
     def add(self, frame: np.ndarray) -> None:
         self.frames.append(frame)
+
+    def record(self, envs, episode_over: bool) -> None:
+        """One step of env 0 of an EnvPool vector env: keep its frame if this episode is filmed."""
+        if self.recording:
+            self.add(envs.render(env_ids=[0])[0])
+        if episode_over:
+            self.end_episode()
 
     def end_episode(self) -> None:
         if self.frames:

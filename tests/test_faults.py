@@ -51,7 +51,7 @@ def checkpoint_file(tmp_path):
     run_script(
         "ppo.py", "--num-envs", "2", "--num-steps", "16", "--total-timesteps", "32", "--run-name", "r", cwd=tmp_path
     )
-    return tmp_path / "runs/r/checkpoints/ckpt_00000001.pt"
+    return tmp_path / "runs/r/checkpoints/ckpt_00000032.pt"
 
 
 def test_truncated_checkpoint_is_refused(tmp_path, checkpoint_file):
@@ -79,7 +79,7 @@ class _RunsCodeOnLoad:
 def test_checkpoint_that_would_run_code_is_refused(tmp_path):
     witness = tmp_path / "code_ran"
     evil = tmp_path / "evil.pt"
-    torch.save({"format_version": 1, "model": _RunsCodeOnLoad(witness)}, evil)
+    torch.save({"format_version": 2, "model": _RunsCodeOnLoad(witness)}, evil)
     assert zipfile.is_zipfile(evil)
     with pytest.raises(CheckpointError, match="not weights-only"):
         load_checkpoint(evil)
@@ -101,24 +101,23 @@ def test_plain_pickle_is_refused_without_unpickling(tmp_path):
 
 
 def test_non_finite_loss_stops_without_a_bad_checkpoint(tmp_path):
-    # env 1 pays NaN rewards from its 100th step on (iteration 4 of 32 steps); checkpoints every 2.
+    # env 1 pays NaN rewards from its 100th step on (iteration 4 of 32 steps, 2 envs); checkpoints every 128 steps.
     proc = run_script(
         "ppo.py",
         "--env-id", "tests.known_env:NaNReward-v0",
         "--num-envs", "2",
         "--num-steps", "32",
         "--total-timesteps", "640",
-        "--checkpoint-interval", "2",
+        "--checkpoint-interval", "128",
         "--seed", "1",
         "--run-name", "r",
         cwd=tmp_path,
         check=False,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
-    last_good = tmp_path / "runs/r/checkpoints/ckpt_00000002.pt"
+    last_good = tmp_path / "runs/r/checkpoints/ckpt_00000128.pt"
     assert (
-        "error: non-finite loss at iteration 4; last good checkpoint: runs/r/checkpoints/ckpt_00000002.pt"
-        in proc.stderr
+        "error: non-finite loss at step 256; last good checkpoint: runs/r/checkpoints/ckpt_00000128.pt" in proc.stderr
     )
-    assert sorted(p.name for p in last_good.parent.glob("ckpt_*.pt")) == ["ckpt_00000002.pt"]
+    assert sorted(p.name for p in last_good.parent.glob("ckpt_*.pt")) == ["ckpt_00000128.pt"]
     assert all(torch.isfinite(v).all() for v in load_checkpoint(last_good)["model"].values())

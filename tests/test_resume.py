@@ -32,12 +32,14 @@ def _batch(flags: list[str]) -> int:
 @pytest.mark.parametrize("case", list(CASES))
 def test_resume_continues_exactly(tmp_path, case):
     script, flags = CASES[case]
-    total = 8 * _batch(flags)
+    total, half = 8 * _batch(flags), 4 * _batch(flags)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    run_script(script, *flags, "--total-timesteps", str(total), "--checkpoint-interval", "4", "--run-name", "r", cwd=a)
+    run_script(
+        script, *flags, "--total-timesteps", str(total), "--checkpoint-interval", str(half), "--run-name", "r", cwd=a
+    )
     mid = tmp_path / "mid.pt"
-    shutil.copy(a / "runs/r/checkpoints/ckpt_00000004.pt", mid)
+    shutil.copy(a / f"runs/r/checkpoints/ckpt_{half:08d}.pt", mid)
 
     # A fresh process resumes from iteration 4 and must end exactly where the uninterrupted run did.
     run_script(script, "--resume", str(mid), cwd=b)
@@ -76,12 +78,12 @@ def test_envpool_resume_continues_the_run(tmp_path):
         "--total-timesteps",
         "384",
         "--checkpoint-interval",
-        "3",
+        "192",
         "--run-name",
         "r",
         cwd=a,
     )
-    mid = a / "runs/r/checkpoints/ckpt_00000003.pt"
+    mid = a / "runs/r/checkpoints/ckpt_00000192.pt"
     proc = run_script("ppo_atari_envpool.py", "--resume", str(mid), cwd=b)
     resumed, midway = final_checkpoint(b / "runs/r"), torch.load(mid, weights_only=True)
     assert resumed["iteration"] == 6 and resumed["global_step"] == 384
@@ -102,7 +104,7 @@ def test_interrupted_run_checkpoints_and_resumes(tmp_path, marker):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, stderr
-    assert "stopped by signal 2 at iteration" in stderr
+    assert "stopped by signal 2 at step" in stderr
     time.sleep(0.5)
     assert processes_with_marker(marker) == []
     stopped = final_checkpoint(tmp_path / "runs/r")

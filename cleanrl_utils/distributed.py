@@ -1,0 +1,291 @@
+"""Distributed plumbing shared by the torchrun scripts: ranks, device, process group, the run plan,
+collective checkpoints, the agreed stop and a rank that stops answering. None of it is an algorithm.
+
+One code path for 1..N processes. ``Ranks.from_env()`` reads what torchrun sets (``RANK`` is the
+global rank, ``LOCAL_RANK`` picks the device, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``); a plain
+``python`` launch is rank 0 of 1 and never starts a process group. ``start`` then picks the device,
+joins the process group (nccl with CUDA, gloo otherwise) and opens a gloo *side group* for Python
+objects: checkpoint parts, the run plan and per-rank statistics are CPU data, and on a gloo group
+the host call completes the transfer (under NCCL they would be staged through GPU memory and sent
+asynchronously).
+
+Checkpoints are read and written by rank 0 alone (no shared filesystem needed): at a checkpoint
+every rank hands rank 0 its own part (env state, RNG states, replay shard, parameter digest), rank 0
+writes one file, and every rank waits for the outcome before it may go on or exit. At a resume rank
+0 reads the file and hands each rank its own part back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from cleanrl_utils.checkpoint import CheckpointError
+from cleanrl_utils.run import Checkpoints, RunError, fail, find_checkpoint, note, read_checkpoint, resumed_args
+
+
+def check_devices(cuda: bool, backend: str | None, device_ids: list[int] | None, local_world_size: int) -> None:
+    """Validation lines (exit 2) for the device flags, before any process group starts."""
+    if backend == "nccl" and not cuda:
+        fail("--backend nccl: needs CUDA (use gloo on CPUs)")
+    if not cuda:
+        return
+    count = torch.cuda.device_count()
+    if device_ids is not None:
+        if len(device_ids) != local_world_size:
+            fail(f"--device-ids {device_ids}: needs one GPU per local process (LOCAL_WORLD_SIZE={local_world_size})")
+        bad = [i for i in device_ids if not 0 <= i < count]
+        if bad:
+            fail(f"--device-ids {device_ids}: GPU {bad[0]} does not exist (this node has {count})")
+        if (backend or "nccl") == "nccl" and len(set(device_ids)) != len(device_ids):
+            fail(f"--device-ids {device_ids}: NCCL needs a different GPU for every process (or use --backend gloo)")
+    elif count < local_world_size:
+        fail(f"{local_world_size} processes on this node but only {count} GPUs (use --device-ids or --no-cuda)")
+
+
+def select_device(cuda: bool, local_rank: int, device_ids: list[int] | None) -> torch.device:
+    """``cuda:<device_ids[local_rank]>`` (``cuda:<local_rank>`` without ids) when CUDA is used, else the CPU."""
+    if not cuda:
+        return torch.device("cpu")
+    return torch.device("cuda", device_ids[local_rank] if device_ids else local_rank)
+
+
+@dataclasses.dataclass
+class Ranks:
+    """This process's place among the processes of one run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    distributed: bool = False  # launched by torchrun (even with one process): a process group exists
+    device: torch.device = torch.device("cpu")
+    timeout: float = 600.0
+    store: Any = None
+    objects: Any = None  # the gloo side group for Python objects
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        env = os.environ
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+            distributed="RANK" in env,
+        )
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs, records video and reads and writes checkpoints."""
+        return self.rank == 0
+
+    # ----------------------------------------------------------------------------------------
+    def start(self, cuda: bool, backend: str | None, device_ids: list[int] | None, timeout: float) -> torch.device:
+        """Pick this rank's device and join the process group; returns the device."""
+        cuda = cuda and torch.cuda.is_available()
+        self.device = select_device(cuda, self.local_rank, device_ids)
+        self.timeout = timeout
+        if cuda:
+            torch.cuda.set_device(self.device)
+        if self.distributed:
+            self._init_process_group(backend or ("nccl" if cuda else "gloo"))
+        return self.device
+
+    def _init_process_group(self, backend: str) -> None:
+        """Join the group torchrun describes in MASTER_ADDR / MASTER_PORT, with a store prefixed per attempt.
+
+        After a failed worker torchrun restarts every worker but keeps its store; without the prefix
+        the new ranks would read the dead ranks' addresses and gloo's connectFullMesh is refused
+        (pytorch/pytorch#135712).
+        """
+        timeout = datetime.timedelta(seconds=self.timeout)
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts it
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            self.world_size,
+            is_master=not agent_store and self.rank == 0,
+            timeout=timeout,
+            multi_tenant=not agent_store,
+        )
+        self.store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group(
+            backend,
+            store=self.store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timeout,
+            device_id=self.device if backend == "nccl" else None,
+        )
+        self.objects = dist.new_group(backend="gloo", timeout=timeout)
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---------------------------------------------------------------------------------------- objects
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` as a list on rank 0 (None elsewhere), over the side group."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, out, dst=0, group=self.objects)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank, over the side group."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.objects)
+        return box[0]
+
+    def scatter(self, objs: list[Any] | None) -> Any:
+        """Rank r receives ``objs[r]`` from rank 0, over the side group."""
+        if not self.distributed:
+            return objs[0]
+        box = [None]
+        dist.scatter_object_list(box, objs if self.is_main else None, src=0, group=self.objects)
+        return box[0]
+
+    # ---------------------------------------------------------------------------------------- the run plan
+    def plan(self, args: Any, script_file: str) -> tuple[Any, Path, dict[str, Any] | None]:
+        """Which run this launch is, and what each rank restores; returns (args, run_dir, this rank's checkpoint).
+
+        Rank 0 names the run (stable across torchrun restarts: it carries torchrun's run id), finds
+        the checkpoint (``--resume``, or the newest one of the run after a torchrun restart), reads
+        it and hands every rank the shared part plus its own. Refusals are one line and exit 2 on
+        every rank. The resume rule of cleanrl_utils/run.py applies to the checkpoint's settings.
+        """
+        script = Path(script_file).name
+        plan: dict[str, Any] = {"error": None, "run_name": None, "path": None}
+        parts = None
+        if self.is_main:
+            restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+            try:
+                plan["run_name"], path = find_checkpoint(args, os.environ.get("TORCHELASTIC_RUN_ID"), restarted)
+                if path is not None:
+                    saved = read_checkpoint(path, script)
+                    if saved["world_size"] != self.world_size:
+                        raise CheckpointError(
+                            f"checkpoint {path} was written by {saved['world_size']} processes, this run has "
+                            f"{self.world_size}"
+                        )
+                    plan["run_name"], plan["path"] = saved["run_name"], str(path)
+                    shared = {k: v for k, v in saved.items() if k != "ranks"}
+                    parts = [{**shared, **own} for own in saved["ranks"]]
+            except CheckpointError as e:
+                plan["error"] = str(e)
+        plan = self.broadcast(plan)
+        if plan["error"] is not None:
+            fail(plan["error"])
+        checkpoint = None
+        if plan["path"] is not None:
+            checkpoint = self.scatter(parts)
+            args = resumed_args(args, checkpoint)
+            note(f"resuming from {plan['path']}")
+        return args, Path("runs") / plan["run_name"], checkpoint
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(
+        self, checkpoints: Checkpoints, shared: dict[str, Any], own: dict[str, Any], global_step: int
+    ) -> Path:
+        """Collective: rank 0 writes ``shared`` and every rank's ``own`` part into one file.
+
+        ``own["parameters_sha256"]`` must be equal on every rank (one model), or nothing is written.
+        Every rank waits for rank 0's outcome, so none leaves before its part is on disk, and a
+        failed write ends every rank with the same error.
+        """
+        parts = self.gather(own)
+        outcome: dict[str, Any] = {"path": None, "error": None}
+        if self.is_main:
+            try:
+                if len({repr(p.get("parameters_sha256")) for p in parts}) != 1:
+                    raise RunError(f"ranks hold different parameters at step {global_step}; not checkpointing")
+                outcome["path"] = str(
+                    checkpoints.save({**shared, "world_size": self.world_size, "ranks": parts}, global_step)
+                )
+            except RunError as e:
+                outcome["error"] = str(e)
+        outcome = self.broadcast(outcome)
+        if outcome["error"] is not None:
+            raise RunError(outcome["error"])
+        checkpoints.last = Path(outcome["path"])
+        return checkpoints.last
+
+    # ---------------------------------------------------------------------------------------- agreement
+    def agree_on_signal(self, signum: int | None) -> int:
+        """The largest signal number any rank received (0: none), so every rank stops at the same point."""
+        if not self.distributed:
+            return signum or 0
+        flag = torch.tensor([signum or 0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    def exit_on_lost_rank(self, error: BaseException, global_step: int, last: Path | None) -> NoReturn:
+        """A collective failed (timed out, or a peer vanished): name the rank(s) that stopped answering.
+
+        Re-raises ``error`` when it is not a collective failure. The ranks still alive check in on
+        the store, wait a moment for each other, and the lowest of them says which ranks did not,
+        in one line; every live rank exits with code 1.
+        """
+        text = str(error)
+        collective = isinstance(error, dist.DistError) or any(
+            s in text for s in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer")
+        )
+        if not (self.distributed and collective):
+            raise error
+        silent: list[int] | None = None
+        try:
+            self.store.set(f"alive/{self.rank}", "1")
+            deadline = time.monotonic() + min(5.0, self.timeout / 2)
+            while time.monotonic() < deadline:
+                silent = [r for r in range(self.world_size) if not self.store.check([f"alive/{r}"])]
+                if not silent:
+                    break
+                time.sleep(0.2)
+        except Exception:
+            silent = None  # the store itself is gone (it lived with a rank that stopped)
+        who = f"rank {', '.join(map(str, silent))} stopped answering" if silent else "a rank stopped answering or left"
+        message = (
+            f"error: {who}: no reply within --dist-timeout {self.timeout:g}s at step {global_step}; "
+            f"last good checkpoint: {last or 'none'}"
+        )
+        live = [r for r in range(self.world_size) if r not in (silent or [])]
+        if not live or self.rank == min(live):
+            print(message, file=sys.stderr, flush=True)
+        else:
+            time.sleep(1.0)  # let the lowest live rank speak before torchrun stops the others
+        raise SystemExit(1)
+
+
+def parameters_digest(*modules: nn.Module) -> str:
+    """SHA-256 of the parameters' bytes: equal on all ranks exactly when the models are identical."""
+    digest = hashlib.sha256()
+    for module in modules:
+        for p in module.parameters():
+            digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def log_rank_stats(writer, gathered: list[dict[str, Any]], global_step: int, recent_returns) -> None:
+    """Rank 0 logs every rank's episodes and SPS, and the slowest rank's value of each timing."""
+    for r, stats in enumerate(gathered):
+        writer.add_scalar(f"perf/SPS_rank{r}", stats["sps"], global_step)
+        for step_at, episodic_return, episodic_length in stats["episodes"]:
+            recent_returns.append(episodic_return)
+            writer.add_scalar("charts/episodic_return", episodic_return, step_at)
+            writer.add_scalar("charts/episodic_length", episodic_length, step_at)
+    for key in gathered[0].keys() - {"sps", "episodes"}:
+        writer.add_scalar(f"perf/{key}", max(stats[key] for stats in gathered), global_step)
