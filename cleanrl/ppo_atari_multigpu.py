@@ -10,10 +10,21 @@ Launch:
         --rdzv-endpoint=HOST:29400 --rdzv-id=breakout cleanrl/ppo_atari_multigpu.py --num-envs 128
     torchrun --standalone --nproc_per_node=2 --max-restarts=3 cleanrl/ppo_atari_multigpu.py --run-name r1
 
+Preprocessing (cleanrl_utils/atari_wrappers.py): no-op starts, frame skip 4 with max-pooling,
+episodic life (training episodes end on a lost life; the game resets only on game over), FIRE on
+reset, reward clipping to the sign, 84x84 grayscale, 4-frame stack. ``charts/episodic_return`` is
+the raw score of whole games.
+
+Autoreset: next-step (gymnasium's default). The step that ends an episode returns its real final
+observation; the next ``step`` only resets that env. Such reset steps stay in the rollout to keep
+the time axis aligned but are dropped from the training batch. Termination (including a lost
+life) stops bootstrapping; truncation (the 108k-frame limit) bootstraps from the final observation.
+
 Sizes: ``--num-envs`` and ``--total-timesteps`` are global (summed over ranks); each rank runs
-num_envs / world_size envs. Tuning: 8-16 envs per GPU; keep the global batch (num_envs x num_steps)
-at 2048 or more; with more ranks the batch grows, so raise the learning rate (``--scale-lr`` scales
-it linearly with the number of processes).
+num_envs / world_size envs. CleanRL's ``--local-num-envs`` (per rank, default 8) is accepted instead
+of ``--num-envs``, so CleanRL's command lines keep their meaning. Tuning: 8-16 envs per GPU; keep the
+global batch (num_envs x num_steps) at 2048 or more, and raise the learning rate with the batch
+(``--scale-lr`` scales it linearly with the number of processes).
 
 Communication: ``--grad-compression fp16|bf16`` sends the flat gradient buffer in half precision
 (half the bytes) and applies the average in fp32; ``--sync-every K`` (local SGD) lets ranks step
@@ -21,28 +32,19 @@ on their own gradients and averages parameters every K optimizer steps and at th
 iteration, so every rollout uses one common policy.
 
 Faults: a non-finite gradient norm (checked after the all_reduce, so every rank decides the same)
-stops the run naming the iteration and the last good checkpoint. Only rank 0 reads and writes
-checkpoints (each holds every rank's env and RNG state, so a resume is exact); the run directory
-does not change across torchrun restarts, and a restarted run resumes from its newest checkpoint.
-Ctrl-C/SIGTERM on any rank makes all ranks checkpoint at the same iteration and exit.
+stops the run naming the last good checkpoint; a rank that stops answering is named after
+``--dist-timeout``. Checkpoints, resume, torchrun restarts and Ctrl-C are cleanrl_utils/distributed.py's:
+rank 0 alone reads and writes the file, which holds every rank's env and RNG state (an exact resume).
 
-Everything else (preprocessing, autoreset handling, metrics) is as in ppo_atari.py.
-Reference figures: benchmark/ppo_multigpu_scaling.sh.
+Defaults are CleanRL's Atari PPO settings (no departure). Speed: observations are stored as uint8
+and converted on the device in the network; the CNN runs channels-last, which makes the CPU update
+about 1.6x faster. Reference figures: benchmark/ppo_throughput.sh, benchmark/ppo_multigpu_scaling.sh.
 """
 
-import dataclasses
-import datetime
-import hashlib
-import multiprocessing
 import os
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import ale_py
@@ -51,22 +53,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_utils.atari_wrappers import wrap_atari
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    list_checkpoints,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.envs import EnvSnapshot, EnvWorkerError, WorkerGuard, get_vector_state, set_vector_state
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, to_cpu
+from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.run import RUN_ERRORS, Run, exit_on_signal, fail, parse_args, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
 
@@ -82,10 +75,10 @@ class Args:
     cuda: bool = True
     """if toggled, train on CUDA when available"""
     threads: int | None = None
-    """torch intra-op threads per process (None: torch's default; torchrun sets OMP_NUM_THREADS=1)"""
+    """torch intra-op threads of each process (None: torch's default; torchrun sets OMP_NUM_THREADS=1)"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
@@ -93,10 +86,10 @@ class Args:
     """if toggled, record videos of env 0 into runs/<run-name>/videos"""
     run_name: str | None = None
     """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<torchrun run id or unix time>"""
-    checkpoint_interval: int = 50
-    """write a checkpoint every this many iterations (0: only at the end and on Ctrl-C)"""
+    checkpoint_interval: int = 500_000
+    """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
 
@@ -111,8 +104,10 @@ class Args:
     """total env steps of the run, summed over all envs of all ranks (one step = 4 frames)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
-    num_envs: int = 8
-    """the number of parallel environments, summed over all ranks (each rank runs num_envs / world size)"""
+    num_envs: int | None = None
+    """the number of parallel environments, summed over all ranks (default: local_num_envs x WORLD_SIZE)"""
+    local_num_envs: int = 8
+    """the number of parallel environments of each rank (CleanRL's flag; give it or --num-envs)"""
     num_steps: int = 128
     """the number of steps per env per rollout"""
     anneal_lr: bool = True
@@ -122,7 +117,7 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda of generalized advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches per epoch (each rank splits its own share of the batch this many times)"""
+    """the number of minibatches per epoch"""
     update_epochs: int = 4
     """the number of epochs over each rollout"""
     norm_adv: bool = True
@@ -138,7 +133,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm of the gradient"""
     target_kl: float | None = None
-    """stop the epochs of an update early once the approximate KL (averaged over ranks) exceeds this"""
+    """stop the epochs of an update early once the approximate KL exceeds this"""
 
     # Distributed arguments
     backend: Literal["nccl", "gloo"] | None = None
@@ -155,68 +150,35 @@ class Args:
     """if toggled, multiply the learning rate by the number of processes"""
 
 
-def validate(args: Args, world_size: int, local_world_size: int) -> None:
-    """Reject bad input with one line naming the value and the rule (exit code 2), before any work.
-
-    Every rank runs this on the same input, so every rank exits; only rank 0 prints.
-    """
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads", "sync_every")
-    for name in positive:
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
-    for name in ("learning_rate", "clip_coef", "env_timeout", "max_grad_norm", "dist_timeout"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+def validate(args: Args, ranks: Ranks) -> None:
+    """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
+    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
+    require_positive(args, "learning_rate", "clip_coef", "env_timeout", "max_grad_norm", "dist_timeout", "sync_every")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 <= args.gae_lambda <= 1.0:
         fail(f"--gae-lambda {args.gae_lambda}: must be in [0, 1]")
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
-    if args.num_envs % world_size != 0:
-        fail(f"--num-envs {args.num_envs}: must be a multiple of the number of processes (WORLD_SIZE={world_size})")
-    local_batch_size = args.num_envs // world_size * args.num_steps
+    local_batch_size = args.num_envs // ranks.world_size * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
         fail(
             f"--num-minibatches {args.num_minibatches}: must divide each rank's batch "
             f"num_envs / WORLD_SIZE * num_steps = {local_batch_size}"
         )
-    cuda = args.cuda and torch.cuda.is_available()
-    if args.backend == "nccl" and not cuda:
-        fail("--backend nccl: needs CUDA (use gloo on CPUs)")
-    if cuda and args.device_ids is not None and len(args.device_ids) < local_world_size:
-        fail(f"--device-ids {args.device_ids}: needs one GPU per local process (LOCAL_WORLD_SIZE={local_world_size})")
-    if cuda and args.device_ids is None and torch.cuda.device_count() < local_world_size:
-        fail(
-            f"{local_world_size} processes on this node but only {torch.cuda.device_count()} GPUs (use --device-ids or --no-cuda)"
-        )
+    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
     batch_size = args.num_envs * args.num_steps
     if args.total_timesteps < batch_size:
         fail(
             f"--total-timesteps {args.total_timesteps}: must be at least one iteration, "
             f"num_envs * num_steps = {batch_size}"
         )
-    try:
-        spec = gym.spec(args.env_id)
-    except gym.error.Error as e:
-        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
-    if not str(spec.entry_point).startswith("ale_py"):
-        fail(f"--env-id {args.env_id}: not an Atari (ALE) environment")
-
-
-def fail(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:  # one line for the user, not one per rank
-        print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    check_env_id(args.env_id, atari=True)
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
     def thunk():
-        if multiprocessing.parent_process() is not None:
-            # An async worker: Ctrl-C is for the main process, which checkpoints and stops us.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # frameskip=1: AtariPreprocessing skips frames (with max-pooling) and reads the screen from
-        # the emulator itself, so the base env's own per-frame copy is kept small (grayscale).
+        # frameskip=1: AtariPreprocessing skips (max-pooled) frames and reads the grayscale screen itself
         if capture_video and idx == 0:
             env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir)
@@ -276,22 +238,13 @@ class Agent(nn.Module):
         return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
 
 
-def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    next_value: np.ndarray,
-    terminations: np.ndarray,
-    dones: np.ndarray,
-    gamma: float,
-    gae_lambda: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Generalized advantage estimation over a (num_steps, num_envs) rollout.
+def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation over a rollout of (num_steps, num_envs) arrays; returns (advantages, returns).
 
     ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation that
     step t returned: under next-step autoreset that is the real final observation when step t
     ended an episode. ``terminations[t]`` stops bootstrapping from it; ``dones[t]`` (terminated or
     truncated) stops the advantage recursion, so a truncated step keeps its bootstrap value.
-    Returns (advantages, returns).
     """
     num_steps = rewards.shape[0]
     advantages = np.zeros_like(rewards)
@@ -304,17 +257,8 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def ppo_loss(
-    newlogprob: torch.Tensor,
-    oldlogprob: torch.Tensor,
-    advantages: torch.Tensor,
-    newvalue: torch.Tensor,
-    oldvalue: torch.Tensor,
-    returns: torch.Tensor,
-    clip_coef: float,
-    clip_vloss: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped surrogate policy loss and (optionally clipped) value loss, both to be minimised."""
+def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef: float, clip_vloss: bool):
+    """Clipped surrogate policy loss and (optionally clipped) value loss of a minibatch, both to be minimised."""
     ratio = (newlogprob - oldlogprob).exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     if clip_vloss:
@@ -323,53 +267,6 @@ def ppo_loss(
     else:
         v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
     return pg_loss, v_loss
-
-
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
-def init_distributed(backend: str, timeout: datetime.timedelta, device: torch.device) -> None:
-    """Join the process group that torchrun describes in RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
-
-    The store is built here instead of by ``init_method="env://"`` so that it can carry a prefix per
-    attempt: after a failed worker, torchrun restarts every worker but keeps its store, and without
-    the prefix the new ranks read the dead ranks' addresses and gloo's connectFullMesh is refused
-    (pytorch/pytorch#135712).
-    """
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts it
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world_size,
-        is_master=not agent_store and rank == 0,
-        timeout=timeout,
-        multi_tenant=not agent_store,
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(
-        backend,
-        store=dist.PrefixStore(f"attempt{attempt}", store),
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-        device_id=device if backend == "nccl" else None,
-    )
 
 
 def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: str = "none") -> None:
@@ -392,102 +289,33 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
         t.copy_(chunk.view_as(t))
 
 
-def parameters_digest(module: nn.Module) -> str:
-    """SHA-256 of the parameters' bytes: equal on all ranks exactly when the models are identical."""
-    digest = hashlib.sha256()
-    for p in module.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def main() -> None:
-    args = tyro.cli(Args)
-    # torchrun sets these; a plain `python` launch is rank 0 of 1 and never starts a process group.
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    distributed = "RANK" in os.environ
-    validate(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-
-    is_main = rank == 0  # rank 0 alone logs, records video and reads/writes checkpoints
-    cuda = args.cuda and torch.cuda.is_available()
-    device = (
-        torch.device("cuda", args.device_ids[local_rank] if args.device_ids else local_rank)
-        if cuda
-        else torch.device("cpu")
-    )
-    if cuda:
-        torch.cuda.set_device(device)
-    if distributed:
-        init_distributed(
-            args.backend or ("nccl" if cuda else "gloo"), datetime.timedelta(seconds=args.dist_timeout), device
-        )
-
-    # RESUME: rank 0 picks the run directory and the checkpoint and hands each rank its part.
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    plan: list = [None, None, False]  # error, run name, resuming?
-    parts = None  # on rank 0 when resuming: what each rank restores
-    if is_main:
-        # The default name is stable across torchrun restarts (same run id), so restarts find the checkpoints.
-        stamp = os.environ.get("TORCHELASTIC_RUN_ID", str(int(time.time())))
-        plan[1] = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
-        try:
-            found = list_checkpoints(Path("runs") / plan[1] / "checkpoints")
-            path = resolve_resume(args.resume) if args.resume else (found[-1] if found and restart > 0 else None)
-            if path is None and found:
-                raise CheckpointError(
-                    f"runs/{plan[1]} holds checkpoints: pass --resume runs/{plan[1]} or another --run-name"
-                )
-            if path is not None:
-                saved = load_checkpoint(path)
-                if saved["world_size"] != world_size:
-                    raise CheckpointError(
-                        f"checkpoint {path} was written by {saved['world_size']} processes, this run has {world_size}"
-                    )
-                plan[1], plan[2] = saved["run_name"], True
-                shared = {k: v for k, v in saved.items() if k != "ranks"}
-                parts = [{**shared, **own} for own in saved["ranks"]]
-                print(f"resuming from {path}", file=sys.stderr)
-        except CheckpointError as e:
-            plan[0] = str(e)
-    if distributed:
-        dist.broadcast_object_list(plan, src=0)
-    error, run_name, resuming = plan
-    if error is not None:
-        fail(error)
-    checkpoint = None
-    if resuming and distributed:
-        received = [None]
-        dist.scatter_object_list(received, parts, src=0)
-        checkpoint = received[0]
-    elif resuming:
-        checkpoint = parts[0]
-    if checkpoint is not None:  # the saved algorithm settings win; the machine-related ones are this launch's
-        machine = ("cuda", "threads", "backend", "device_ids", "dist_timeout", "progress", "resume")
-        args = Args(**{**checkpoint["args"], **{k: getattr(args, k) for k in machine}})
-    run_dir = Path("runs") / run_name
-
+    ranks = Ranks.from_env()  # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them; `python` is rank 0 of 1
+    args = parse_args(Args, ranks.world_size)
+    validate(args, ranks)  # exit 2 on bad input, before any process group
+    device = ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)  # cuda:LOCAL_RANK or CPU
+    args, run_dir, checkpoint = ranks.plan(args, __file__)  # rank 0 reads the checkpoint, each rank gets its part
+    world_size, distributed = ranks.world_size, ranks.distributed
     local_num_envs = args.num_envs // world_size
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     learning_rate = args.learning_rate * (world_size if args.scale_lr else 1)
 
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
+    random.seed(args.seed + ranks.rank)
+    np.random.seed(args.seed + ranks.rank)
+    torch.manual_seed(args.seed + ranks.rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    # ENV SETUP: env i of rank r is seeded seed + r * local_num_envs + i, so no two envs share a seed.
-    env_seeds = [args.seed + rank * local_num_envs + i for i in range(local_num_envs)]
-    capture = args.capture_video and is_main
+    # ENV SETUP
+    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
+    capture = args.capture_video and ranks.is_main
     env_fns = [make_env(args.env_id, i, capture, str(run_dir / "videos")) for i in range(local_num_envs)]
     if args.vector_mode == "sync":
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
-    else:
-        envs = WorkerGuard(
-            gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP), args.env_id, args.env_timeout
-        )
+    else:  # one worker process per env; one that raises, dies or hangs stops the run with one line
+        envs = async_vector_env(env_fns, args.env_id, args.env_timeout)
     assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout below assumes next-step autoreset"
     obs_shape = envs.single_observation_space.shape
 
@@ -499,118 +327,35 @@ def main() -> None:
     # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True)
 
-    # ROLLOUT STORAGE in host memory, for this rank's envs.
-    obs = np.zeros((args.num_steps, local_num_envs, *obs_shape), dtype=np.uint8)
-    actions = np.zeros((args.num_steps, local_num_envs), dtype=np.int64)
-    logprobs = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
-    terminations = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
-    dones = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
-    valid = np.zeros((args.num_steps, local_num_envs), dtype=bool)
-    values = np.zeros((args.num_steps, local_num_envs), dtype=np.float32)
+    # ROLLOUT STORAGE in host memory: per-step numpy writes cost ~1us where a tensor copy costs ~5us.
+    # Step t holds obs_t, the action taken in it and what stepping returned.
+    shape = (args.num_steps, local_num_envs)
+    obs = np.zeros((*shape, *obs_shape), dtype=np.uint8)
+    actions, valid = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool)
+    logprobs, rewards, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    terminations, dones = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
     next_obs, _ = envs.reset(seed=env_seeds)
     next_done = np.zeros(local_num_envs, dtype=bool)  # did the previous step end an episode?
-    start_iteration, global_step, wandb_id = 1, 0, None
+    start_iteration, global_step = 1, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint.get("local_optimizer", checkpoint["optimizer"]))
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
-        next_obs = checkpoint["next_obs"].numpy()
-        next_done = checkpoint["next_done"].numpy()
+        next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        wandb_id = checkpoint["wandb_id"]
 
-    # LOGGING SETUP (rank 0; the run directory exists only from here on)
-    writer = None
-    if is_main:
-        if args.track:
-            import wandb
-
-            wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config={**dataclasses.asdict(args), "world_size": world_size},
-                name=run_name,
-                id=wandb_id,
-                resume="allow",
-                dir=str(run_dir),
-                save_code=True,
-            )
-        writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-        )
-
-    def gather_to_main(obj):
-        """Every rank's ``obj``, as a list on rank 0 (None elsewhere)."""
-        if not distributed:
-            return [obj]
-        out = [None] * world_size if is_main else None
-        dist.gather_object(obj, out, dst=0)
-        return out
-
-    def write_checkpoint(iteration: int) -> Path | None:
-        """Collective: every rank hands rank 0 its env and RNG state; rank 0 writes one file."""
-        own = {
-            "rng": rng_state(),
-            "envs": get_vector_state(envs),
-            "next_obs": torch.from_numpy(np.array(next_obs)),
-            "next_done": torch.from_numpy(next_done.copy()),
-            "env_seeds": env_seeds,
-            "parameters_sha256": parameters_digest(agent),
-        }
-        if args.sync_every > 1:  # local SGD: each rank's Adam moments are its own
-            own["local_optimizer"] = optimizer.state_dict()
-        ranks = gather_to_main(own)
-        if not is_main:
-            return None
-        digests = {r["parameters_sha256"] for r in ranks}
-        if len(digests) != 1:
-            raise RuntimeError(f"ranks hold different parameters at iteration {iteration}; not checkpointing")
-        state = {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "world_size": world_size,
-            "iteration": iteration,
-            "global_step": global_step,
-            "wandb_id": wandb_id,
-            "ranks": ranks,
-        }
-        return save_checkpoint(state, run_dir / "checkpoints", iteration)
-
-    def sync_parameters(nonfinite_steps: int) -> float:
-        """Local SGD: average parameters over ranks; the non-finite-gradient count rides along."""
-        t0 = time.perf_counter()
-        flags = torch.tensor([float(nonfinite_steps)], device=device)
-        all_reduce_mean_([p.data for p in params] + [flags], world_size)
-        if flags.item() > 0:
-            raise FloatingPointError(
-                f"non-finite gradient norm at iteration {iteration}; last good checkpoint: {last_checkpoint or 'none'}"
-            )
-        return time.perf_counter() - t0
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress and is_main)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_step, start_time = global_step, time.perf_counter()
-    iteration = start_iteration - 1
-    last_checkpoint: Path | None = None
-    local_steps = 0  # optimizer steps since the last parameter average (local SGD)
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    writer = run.writer
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = frac * learning_rate
             env_time = inference_time = comm_time = 0.0
-            episodes = []
+            episodes, local_steps = [], 0  # local_steps: optimizer steps since the last parameter average
 
             # ROLLOUT
             for step in range(args.num_steps):
@@ -621,16 +366,10 @@ def main() -> None:
                 t0 = time.perf_counter()
                 with torch.inference_mode():
                     action, logprob, value = agent.act(torch.as_tensor(obs[step], device=device))
-                actions[step], logprobs[step], values[step] = (
-                    action.cpu().numpy(),
-                    logprob.cpu().numpy(),
-                    value.cpu().numpy(),
-                )
+                actions[step], logprobs[step], values[step] = (t.cpu().numpy() for t in (action, logprob, value))
                 t1 = time.perf_counter()
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
-                t2 = time.perf_counter()
-                env_time += t2 - t1
-                inference_time += t1 - t0
+                env_time, inference_time = env_time + time.perf_counter() - t1, inference_time + t1 - t0
 
                 next_done = np.logical_or(terminated, truncated)
                 rewards[step], terminations[step], dones[step] = reward, terminated, next_done
@@ -638,13 +377,7 @@ def main() -> None:
                     for i in np.flatnonzero(infos["_episode"]):
                         episodes.append((global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
 
-            # Ranks finish their rollouts at different times (games differ in speed); wait here, once,
-            # so that perf/comm_time below measures the collectives and not this imbalance.
-            wait_time = 0.0
-            if distributed:
-                t0 = time.perf_counter()
-                dist.barrier()
-                wait_time = time.perf_counter() - t0
+            wait_time = ranks.wait_for_all()  # once, so that comm_time measures collectives, not unequal rollouts
 
             # ADVANTAGES
             learn_start = time.perf_counter()
@@ -663,7 +396,6 @@ def main() -> None:
             b_returns = torch.as_tensor(returns.reshape(-1)[b_valid], device=device)
             b_values = torch.as_tensor(values.reshape(-1)[b_valid], device=device)
             clipfracs = []
-            nonfinite_steps = 0
             for _epoch in range(args.update_epochs):
                 b_inds = torch.randperm(b_obs.shape[0], device=device)
                 for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
@@ -698,19 +430,14 @@ def main() -> None:
                         all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                         comm_time += time.perf_counter() - t0
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    if not torch.isfinite(grad_norm):  # after the all_reduce: every rank decides the same
-                        if args.sync_every == 1:
-                            last = last_checkpoint or "none"
-                            raise FloatingPointError(
-                                f"non-finite gradient norm at iteration {iteration}; last good checkpoint: {last}"
-                            )
-                        nonfinite_steps += 1  # local SGD: reported at the next parameter average
-                        continue
+                    if args.sync_every == 1 and not torch.isfinite(grad_norm):  # all-reduced: every rank agrees
+                        raise run.nonfinite("gradient norm", global_step)
                     optimizer.step()
                     local_steps += 1
                     if distributed and args.sync_every > 1 and local_steps % args.sync_every == 0:
-                        comm_time += sync_parameters(nonfinite_steps)
-                        nonfinite_steps = local_steps = 0
+                        t0 = time.perf_counter()
+                        all_reduce_mean_([p.data for p in params], world_size)  # local SGD: average the parameters
+                        comm_time += time.perf_counter() - t0
 
                 if args.target_kl is not None:
                     kl = approx_kl.detach().reshape(1)
@@ -718,29 +445,25 @@ def main() -> None:
                         all_reduce_mean_([kl], world_size)
                     if kl.item() > args.target_kl:
                         break
-            if distributed and args.sync_every > 1 and (local_steps or nonfinite_steps):
-                comm_time += sync_parameters(nonfinite_steps)  # every rollout starts from one common policy
-                local_steps = 0
+            if distributed and args.sync_every > 1 and local_steps % args.sync_every:  # one policy for every rollout
+                t0 = time.perf_counter()
+                all_reduce_mean_([p.data for p in params], world_size)
+                comm_time += time.perf_counter() - t0
+            if args.sync_every > 1 and not torch.isfinite(torch.cat([p.reshape(-1) for p in params])).all():
+                raise run.nonfinite("parameter", global_step)  # local SGD: the average took it to every rank
             learn_time = time.perf_counter() - learn_start
 
             # LOGGING: rank 0 logs the episodes and timings of every rank.
-            local_sps = (
-                args.num_steps * local_num_envs * (iteration - start_iteration + 1) / (time.perf_counter() - start_time)
-            )
-            gathered = gather_to_main((episodes, local_sps, env_time, inference_time, learn_time, comm_time, wait_time))
-            if is_main:
-                for r, (rank_episodes, rank_sps, *_times) in enumerate(gathered):
-                    writer.add_scalar(f"perf/SPS_rank{r}", rank_sps, global_step)
-                    for step_at, episodic_return, episodic_length in rank_episodes:
-                        recent_returns.append(episodic_return)
-                        writer.add_scalar("charts/episodic_return", episodic_return, step_at)
-                        writer.add_scalar("charts/episodic_length", episodic_length, step_at)
+            local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+            timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
+            timings |= {"comm_time": comm_time, "rollout_wait_time": wait_time}
+            gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
+            if ranks.is_main:
+                log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
                 y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
                 var_y = np.var(y_true)
                 explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-                sps = (global_step - start_step) / (time.perf_counter() - start_time)
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("charts/SPS", sps, global_step)
                 writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
                 writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
                 writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
@@ -748,43 +471,39 @@ def main() -> None:
                 writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
                 writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
                 writer.add_scalar("losses/explained_variance", explained_var, global_step)
-                writer.add_scalar("perf/env_time", max(g[2] for g in gathered), global_step)
-                writer.add_scalar("perf/inference_time", max(g[3] for g in gathered), global_step)
-                writer.add_scalar("perf/learn_time", max(g[4] for g in gathered), global_step)
-                writer.add_scalar("perf/comm_time", max(g[5] for g in gathered), global_step)
-                writer.add_scalar("perf/rollout_wait_time", max(g[6] for g in gathered), global_step)
-                for name, value in monitor.sample().items():
-                    writer.add_scalar(f"perf/{name}", value, global_step)
-                progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+                run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
 
-            # CHECKPOINT: a signal on any rank stops every rank after this same iteration.
-            signum = torch.tensor([stop.signum or 0], device=device)
-            if distributed:
-                dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-            if signum.item():
-                path = write_checkpoint(iteration)
-                if is_main:
-                    print(
-                        f"stopped by signal {signum.item()} at iteration {iteration}; checkpoint {path}",
-                        file=sys.stderr,
-                    )
-                raise SystemExit(128 + int(signum.item()))
-            if args.checkpoint_interval and iteration % args.checkpoint_interval == 0 and iteration < num_iterations:
-                last_checkpoint = write_checkpoint(iteration)
-        write_checkpoint(iteration)
-        if distributed:
-            dist.destroy_process_group()
-    except (EnvWorkerError, FloatingPointError) as e:
-        if is_main or isinstance(e, EnvWorkerError):  # a FloatingPointError is raised on every rank alike
-            print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            signum = ranks.agree_on_signal(run.stop.signum)  # every rank stops after this same iteration
+            if signum or run.checkpoint_due(global_step, batch_size, final=iteration == num_iterations):
+                state = {  # shared by the ranks
+                    "model": agent.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "iteration": iteration,
+                    "global_step": global_step,
+                }
+                own = {  # this rank's part: everything else an exact resume needs
+                    "rng": rng_state(),
+                    "envs": get_vector_state(envs),
+                    "next_obs": torch.from_numpy(np.array(next_obs)),
+                    "next_done": torch.from_numpy(next_done.copy()),
+                    "env_seeds": env_seeds,
+                    "parameters_sha256": parameters_digest(agent),
+                }
+                if args.sync_every > 1:  # local SGD: each rank's Adam moments are its own (sent as CPU tensors)
+                    own["local_optimizer"] = to_cpu(optimizer.state_dict())
+                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                if signum:
+                    exit_on_signal(signum, path, global_step)
+        ranks.close()
+    except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
+    except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
+        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
     finally:
-        progress.close()
+        run.close()
         envs.close()
-        if writer is not None:
-            writer.close()
-        if is_main and args.track:
-            wandb.finish()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

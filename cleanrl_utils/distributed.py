@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from cleanrl_utils.checkpoint import CheckpointError
-from cleanrl_utils.run import Checkpoints, RunError, fail, find_checkpoint, note, read_checkpoint, resumed_args
+from cleanrl_utils.run import Run, RunError, fail, find_checkpoint, note, read_checkpoint, resumed_args
 
 
 def check_devices(cuda: bool, backend: str | None, device_ids: list[int] | None, local_world_size: int) -> None:
@@ -198,10 +198,8 @@ class Ranks:
         return args, Path("runs") / plan["run_name"], checkpoint
 
     # ---------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(
-        self, checkpoints: Checkpoints, shared: dict[str, Any], own: dict[str, Any], global_step: int
-    ) -> Path:
-        """Collective: rank 0 writes ``shared`` and every rank's ``own`` part into one file.
+    def save_checkpoint(self, run: Run, shared: dict[str, Any], own: dict[str, Any], global_step: int) -> Path:
+        """Collective: rank 0 writes ``shared`` and every rank's ``own`` part (CPU data only) into one file.
 
         ``own["parameters_sha256"]`` must be equal on every rank (one model), or nothing is written.
         Every rank waits for rank 0's outcome, so none leaves before its part is on disk, and a
@@ -213,18 +211,25 @@ class Ranks:
             try:
                 if len({repr(p.get("parameters_sha256")) for p in parts}) != 1:
                     raise RunError(f"ranks hold different parameters at step {global_step}; not checkpointing")
-                outcome["path"] = str(
-                    checkpoints.save({**shared, "world_size": self.world_size, "ranks": parts}, global_step)
-                )
+                outcome["path"] = str(run.save({**shared, "world_size": self.world_size, "ranks": parts}, global_step))
             except RunError as e:
                 outcome["error"] = str(e)
         outcome = self.broadcast(outcome)
         if outcome["error"] is not None:
             raise RunError(outcome["error"])
-        checkpoints.last = Path(outcome["path"])
-        return checkpoints.last
+        run.checkpoints.last = Path(outcome["path"])
+        return run.checkpoints.last
 
     # ---------------------------------------------------------------------------------------- agreement
+    def wait_for_all(self) -> float:
+        """Wait until every rank gets here; returns the seconds waited. Ranks finish their rollouts at
+        different times (games differ in speed): waiting once, here, keeps that imbalance out of the
+        timings of the collectives that follow."""
+        start = time.perf_counter()
+        if self.distributed:
+            dist.barrier()
+        return time.perf_counter() - start
+
     def agree_on_signal(self, signum: int | None) -> int:
         """The largest signal number any rank received (0: none), so every rank stops at the same point."""
         if not self.distributed:
@@ -279,13 +284,23 @@ def parameters_digest(*modules: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def log_rank_stats(writer, gathered: list[dict[str, Any]], global_step: int, recent_returns) -> None:
-    """Rank 0 logs every rank's episodes and SPS, and the slowest rank's value of each timing."""
+def to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it moved to the CPU (what one rank sends another must not name its GPU)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
+def log_rank_stats(run: Run, gathered: list[dict[str, Any]], global_step: int) -> None:
+    """Rank 0 logs every rank's episodes (``episodes``: (step, return, length)) and SPS (``sps``), and
+    the slowest rank's value of every other entry (timings) as ``perf/<key>``."""
     for r, stats in enumerate(gathered):
-        writer.add_scalar(f"perf/SPS_rank{r}", stats["sps"], global_step)
+        run.writer.add_scalar(f"perf/SPS_rank{r}", stats["sps"], global_step)
         for step_at, episodic_return, episodic_length in stats["episodes"]:
-            recent_returns.append(episodic_return)
-            writer.add_scalar("charts/episodic_return", episodic_return, step_at)
-            writer.add_scalar("charts/episodic_length", episodic_length, step_at)
-    for key in gathered[0].keys() - {"sps", "episodes"}:
-        writer.add_scalar(f"perf/{key}", max(stats[key] for stats in gathered), global_step)
+            run.log_episode(step_at, episodic_return, episodic_length)
+    for key in sorted(gathered[0].keys() - {"sps", "episodes"}):
+        run.writer.add_scalar(f"perf/{key}", max(stats[key] for stats in gathered), global_step)

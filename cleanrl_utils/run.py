@@ -133,10 +133,27 @@ def given_flags(args_class: type, argv: list[str]) -> set[str]:
     return {names[token.split("=")[0]] for token in argv if token.split("=")[0] in names}
 
 
-def parse_args(args_class: type[T], argv: list[str] | None = None) -> T:
-    """Parse the command line with tyro; CleanRL's ``--flag True|False`` spelling of booleans is accepted."""
-    argv = sys.argv[1:] if argv is None else argv
-    return tyro.cli(args_class, args=_cleanrl_booleans(args_class, argv))
+def parse_args(args_class: type[T], world_size: int = 1, argv: list[str] | None = None) -> T:
+    """Parse the command line with tyro; CleanRL's ``--flag True|False`` spelling of booleans is accepted.
+
+    Scripts with both ``num_envs`` (summed over ranks) and ``local_num_envs`` (per rank, CleanRL's
+    multigpu flag) take either one and derive the other; giving both is refused.
+    """
+    argv = _cleanrl_booleans(args_class, sys.argv[1:] if argv is None else argv)
+    args = tyro.cli(args_class, args=argv)
+    if hasattr(args, "local_num_envs"):
+        if {"num_envs", "local_num_envs"} <= given_flags(args_class, argv):
+            fail(
+                f"--num-envs {args.num_envs} and --local-num-envs {args.local_num_envs}: give one "
+                f"(num_envs = local_num_envs x WORLD_SIZE, here {world_size})"
+            )
+        if args.num_envs is None:
+            args.num_envs = args.local_num_envs * world_size
+        elif args.num_envs % world_size == 0:
+            args.local_num_envs = args.num_envs // world_size
+        else:
+            fail(f"--num-envs {args.num_envs}: must be a multiple of the number of processes (WORLD_SIZE={world_size})")
+    return args
 
 
 def resumed_args(args: T, checkpoint: dict[str, Any], argv: list[str] | None = None) -> T:

@@ -186,7 +186,7 @@ def test_two_nodes_on_localhost(tmp_path):
 
 def _kill_rank_after_checkpoint(tmp_path, marker: str, rank: str) -> None:
     deadline = time.monotonic() + 180
-    while not (tmp_path / "runs/r/checkpoints/ckpt_00000002.pt").exists():
+    while not (tmp_path / "runs/r/checkpoints/ckpt_00000256.pt").exists():
         assert time.monotonic() < deadline, "no checkpoint"
         time.sleep(0.1)
     for proc in processes_with_marker(marker):
@@ -211,7 +211,7 @@ def test_killed_rank(tmp_path, marker, restarts):
         "--nproc-per-node=2",
         f"--max-restarts={restarts}",
     ]
-    cmd += [SCRIPT, *SMALL, "--total-timesteps", "1024", "--checkpoint-interval", "2", "--run-name", "r"]
+    cmd += [SCRIPT, *SMALL, "--total-timesteps", "1024", "--checkpoint-interval", "256", "--run-name", "r"]
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
@@ -238,16 +238,14 @@ def test_killed_rank(tmp_path, marker, restarts):
 def test_nan_on_one_rank_stops_every_rank(tmp_path):
     # rank 1's envs pay NaN from their 70th step (iteration 3 of 32 steps); checkpoints every 2 iterations.
     proc = torchrun(
-        str(REPO / "tests/inject_nan.py"), SCRIPT, *SMALL, "--total-timesteps", "768", "--checkpoint-interval", "2", "--run-name", "r",
+        str(REPO / "tests/inject_nan.py"), SCRIPT, *SMALL, "--total-timesteps", "768", "--checkpoint-interval", "256", "--run-name", "r",
         cwd=tmp_path, env={"NAN_RANK": "1", "NAN_AFTER_STEPS": "70"},
     )  # fmt: skip
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
-    message = (
-        "error: non-finite gradient norm at iteration 3; last good checkpoint: runs/r/checkpoints/ckpt_00000002.pt"
-    )
+    message = "error: non-finite gradient norm at step 384; last good checkpoint: runs/r/checkpoints/ckpt_00000256.pt"
     assert output.count(message) == 1, output[-4000:]
-    assert sorted(p.name for p in (tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt")) == ["ckpt_00000002.pt"]
+    assert sorted(p.name for p in (tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt")) == ["ckpt_00000256.pt"]
 
 
 def test_ctrl_c_checkpoints_every_rank_at_one_iteration(tmp_path, marker):
@@ -271,7 +269,7 @@ def test_ctrl_c_checkpoints_every_rank_at_one_iteration(tmp_path, marker):
     out, _ = proc.communicate(timeout=120)
     time.sleep(0.5)
     assert processes_with_marker(marker) == []
-    assert "stopped by signal 2 at iteration" in out, out[-4000:]
+    assert "stopped by signal 2 at step" in out, out[-4000:]
     ckpt = final_checkpoint(tmp_path / "runs/r")
     assert 0 < ckpt["global_step"] < 100000 and len(ckpt["ranks"]) == 2
     assert len({r["parameters_sha256"] for r in ckpt["ranks"]}) == 1
