@@ -7,10 +7,14 @@ Launch:
     python cleanrl/dqn.py --resume runs/<run-name>
     tensorboard --logdir runs
 
-Defaults: Double DQN with a 256-256 Q-network, 8 gradient steps (batch 128) every 16 env steps and
-a hard target copy every 64 gradient steps. They reach a mean return of 400 within 28-36k steps
-on seeds 1-4; the RL Zoo's CartPole settings (128 gradient steps every 256 env steps, lr 2.3e-3)
-oscillate between 100 and 400 for 60k steps here and in Stable-Baselines3 alike.
+Departures from CleanRL, and why: Double DQN targets (``--no-double-q`` for CleanRL's) and the
+Huber loss (``--no-huber-loss`` for CleanRL's squared error), which keep the Q-values from running
+away; and CartPole defaults that reach a mean return of 400 within 28-36k steps on seeds 1-4 (a
+256-256 Q-network, 8 gradient steps of batch 128 every 16 env steps, a target copy every 128 env
+steps, lr 5e-4, epsilon to 0.04 over 16% of 60k steps, 1k steps of warm-up) where CleanRL's (120-84
+network, 1 step every 10, target every 500, lr 2.5e-4, 10k warm-up, 500k steps) need several
+hundred thousand. The RL Zoo's CartPole settings oscillated between 100 and 400 for 60k steps here
+and in Stable-Baselines3 alike. ``--cuda`` is off by default: this small MLP is faster on the CPU.
 
 Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
 observation after a transition is always the next one stored, including at episode ends, where
@@ -23,38 +27,22 @@ the uninterrupted one. Without it the buffer refills from empty (``learning_star
 Reference figures: benchmark/replay_memory.sh.
 """
 
-import dataclasses
-import importlib
 import os
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_utils.buffers import ReplayBuffer
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.envs import EnvSnapshot, get_vector_state, set_vector_state
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, report_and_exit, require_positive, start
 
 
 @dataclass
@@ -71,7 +59,7 @@ class Args:
     """torch intra-op threads of this process"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
@@ -84,7 +72,7 @@ class Args:
     checkpoint_buffer: bool = False
     """if toggled, checkpoints also hold the replay buffer (exact resume, larger files)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
 
@@ -101,8 +89,8 @@ class Args:
     """replay capacity in transitions, summed over envs"""
     gamma: float = 0.99
     """the discount factor"""
-    target_network_frequency: int = 64
-    """gradient steps between copies of the Q-network into the target network"""
+    target_network_frequency: int = 128
+    """env steps (summed over envs) between copies of the Q-network into the target network, as in CleanRL"""
     batch_size: int = 128
     """transitions per gradient step"""
     start_e: float = 1.0
@@ -121,17 +109,15 @@ class Args:
     """the maximum norm of the gradient"""
     double_q: bool = True
     """if toggled, Double DQN: the online network picks the next action, the target network values it"""
+    huber_loss: bool = True
+    """if toggled, the Huber (smooth L1) TD loss; --no-huber-loss for CleanRL's squared error"""
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "gradient_steps")
-    for name in positive + ("target_network_frequency", "threads"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
-    for name in ("learning_rate", "max_grad_norm", "exploration_fraction"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "threads")
+    require_positive(args, "gradient_steps", "target_network_frequency", "learning_rate", "max_grad_norm")
+    require_positive(args, "exploration_fraction")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if args.train_frequency % args.num_envs != 0:
@@ -142,22 +128,9 @@ def validate(args: Args) -> None:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     if args.total_timesteps <= args.learning_starts:
         fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
-    if args.checkpoint_interval < 0 or args.checkpoint_interval % args.num_envs != 0:
-        fail(
-            f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0 and a multiple of --num-envs {args.num_envs}"
-        )
-    module, _, env_name = args.env_id.rpartition(":")
-    try:
-        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
-            importlib.import_module(module)
-        gym.spec(env_name)
-    except (ImportError, gym.error.Error) as e:
-        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    check_env_id(args.env_id)
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
@@ -211,39 +184,8 @@ def td_target(
     return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
 def main() -> None:
-    args = tyro.cli(Args)
-    checkpoint = None
-    if args.resume:
-        try:
-            checkpoint = load_checkpoint(resolve_resume(args.resume))
-        except CheckpointError as e:
-            fail(str(e))
-        args = Args(**checkpoint["args"])
-    validate(args)
-
-    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]
-    run_dir = Path("runs") / run_name
+    args, run_dir, checkpoint = start(Args, validate, __file__)  # exit 2 on bad input, before any work
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -273,7 +215,7 @@ def main() -> None:
 
     next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
     next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
-    global_step, gradient_steps, wandb_id = 0, 0, None
+    global_step = 0
     if checkpoint is not None:
         q_network.load_state_dict(checkpoint["model"])
         target_network.load_state_dict(checkpoint["target"])
@@ -281,69 +223,20 @@ def main() -> None:
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
-        global_step, gradient_steps, wandb_id = (
-            checkpoint["global_step"],
-            checkpoint["gradient_steps"],
-            checkpoint["wandb_id"],
-        )
+        global_step = checkpoint["global_step"]
         if "replay" in checkpoint:
             rb.load_state_dict(checkpoint["replay"])
-    start_step = global_step
-    first_learning_step = (
-        start_step + args.learning_starts if "replay" not in (checkpoint or {}) else args.learning_starts
-    )
+    # without a saved replay, a resumed run refills its buffer before learning again
+    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else global_step + args.learning_starts
 
-    # LOGGING SETUP (the run directory exists only from here on)
-    if args.track:
-        import wandb
-
-        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=dataclasses.asdict(args),
-            name=run_name,
-            id=wandb_id,
-            resume="allow",
-            dir=str(run_dir),
-            save_code=True,
-        )
-    writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-    )
-
-    def write_checkpoint() -> Path:
-        state = {
-            "model": q_network.state_dict(),
-            "target": target_network.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "global_step": global_step,
-            "gradient_steps": gradient_steps,
-            "rng": rng_state(),
-            "envs": get_vector_state(envs),
-            "next_obs": torch.from_numpy(np.array(next_obs)),
-            "next_done": torch.from_numpy(next_done.copy()),
-            "wandb_id": wandb_id,
-        }
-        if args.checkpoint_buffer:
-            state["replay"] = rb.state_dict()
-        return save_checkpoint(state, run_dir / "checkpoints", global_step)
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_time = time.perf_counter()
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device)
+    writer = run.writer
     env_time = inference_time = learn_time = 0.0
-    last_checkpoint: Path | None = None
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
+    num_steps = (args.total_timesteps - global_step) // args.num_envs
     try:
-        for step in range(1, (args.total_timesteps - global_step) // args.num_envs + 1):
+        for step in range(1, num_steps + 1):
             global_step += args.num_envs
 
             # ACT: epsilon-greedy
@@ -359,18 +252,14 @@ def main() -> None:
             t1 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            t2 = time.perf_counter()
-            inference_time, env_time = inference_time + t1 - t0, env_time + t2 - t1
+            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
 
             # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
             rb.add(obs, actions, rewards, terminations, ~next_done)
             next_done = np.logical_or(terminations, truncations)
             if "_episode" in infos:
                 for i in np.flatnonzero(infos["_episode"]):
-                    episodic_return = float(infos["episode"]["r"][i])
-                    recent_returns.append(episodic_return)
-                    writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                    writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+                    run.log_episode(global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
 
             # UPDATE: a burst of gradient steps every train_frequency env steps
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
@@ -387,58 +276,55 @@ def main() -> None:
                             args.gamma,
                         )
                     old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
-                    loss = F.smooth_l1_loss(old_val, target)
+                    loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
                     optimizer.step()
-                    gradient_steps += 1
-                    if gradient_steps % args.target_network_frequency == 0:
-                        target_network.load_state_dict(q_network.state_dict())
                 learn_time += time.perf_counter() - t0
                 if not torch.isfinite(loss):  # NaN/inf parameters would poison every later update
-                    raise FloatingPointError(
-                        f"non-finite loss at step {global_step}; last good checkpoint: {last_checkpoint or 'none'}"
-                    )
+                    raise run.nonfinite("loss", global_step)
                 writer.add_scalar("losses/td_loss", loss.item(), global_step)
                 writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
+            if global_step > first_learning_step and interval_crossed(
+                global_step, args.num_envs, args.target_network_frequency
+            ):
+                target_network.load_state_dict(q_network.state_dict())
 
             # LOGGING
             if step % log_every == 0:
-                sps = (global_step - start_step) / (time.perf_counter() - start_time)
-                writer.add_scalar("charts/SPS", sps, global_step)
                 writer.add_scalar("charts/epsilon", epsilon, global_step)
                 writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
                 writer.add_scalar("perf/env_time", env_time, global_step)
                 writer.add_scalar("perf/inference_time", inference_time, global_step)
                 writer.add_scalar("perf/learn_time", learn_time, global_step)
                 writer.add_scalar("perf/replay_bytes", rb.nbytes, global_step)
-                for name, value in monitor.sample().items():
-                    writer.add_scalar(f"perf/{name}", value, global_step)
+                run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
                 env_time = inference_time = learn_time = 0.0
-                progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
 
-            # CHECKPOINT
-            if stop.signum is not None:
-                path = write_checkpoint()
-                print(f"stopped by signal {stop.signum} at step {global_step}; checkpoint {path}", file=sys.stderr)
-                sys.exit(128 + stop.signum)
-            if (
-                args.checkpoint_interval
-                and global_step % args.checkpoint_interval == 0
-                and global_step < args.total_timesteps
-            ):
-                last_checkpoint = write_checkpoint()
-        write_checkpoint()
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            if run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum):
+                state = {  # everything an exact resume needs (and the replay, with --checkpoint-buffer)
+                    "model": q_network.state_dict(),
+                    "target": target_network.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "global_step": global_step,
+                    "rng": rng_state(),
+                    "envs": get_vector_state(envs),
+                    "next_obs": torch.from_numpy(np.array(next_obs)),
+                    "next_done": torch.from_numpy(next_done.copy()),
+                }
+                if args.checkpoint_buffer:
+                    state["replay"] = rb.state_dict()
+                path = run.save(state, global_step)
+                if run.stop.signum:
+                    run.exit_on_signal(run.stop.signum, path, global_step)
+    except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
     finally:
-        progress.close()
+        run.close()
         envs.close()
-        writer.close()
-        if args.track:
-            wandb.finish()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

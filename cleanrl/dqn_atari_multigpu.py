@@ -1,12 +1,4 @@
-"""Data-parallel DQN for Atari with a sharded replay: N processes (one per GPU, or per CPU group) train one Q-network.
-
-Each process (rank) steps its own share of the envs into its own shard of the replay
-(buffer_size / world size transitions), samples its share of every minibatch from that shard, and
-the ranks keep a single Q-network by averaging gradients with one all_reduce of a flat buffer per
-gradient step. The target network is a copy of that common Q-network, so it is identical on every
-rank too. Each rank holds buffer_size / world size transitions, so with one rank per node every
-node added divides the replay memory per node: sharding is what lets a replay of 1M Atari
-transitions (7.1 GB here) spread over a cluster.
+"""Data-parallel DQN for Atari with a sharded replay: N processes (GPUs, CPU groups, nodes) train one Q-network.
 
 Launch:
     python cleanrl/dqn_atari_multigpu.py                                  # one process (= dqn_atari.py)
@@ -14,36 +6,49 @@ Launch:
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv-backend=c10d \
         --rdzv-endpoint=HOST:29400 --rdzv-id=breakout cleanrl/dqn_atari_multigpu.py --num-envs 16 --batch-size 512
     torchrun --standalone --nproc_per_node=2 --max-restarts=3 cleanrl/dqn_atari_multigpu.py --num-envs 2 --run-name r1
+    tensorboard --logdir runs
 
-Sizes: ``--num-envs``, ``--buffer-size``, ``--batch-size``, ``--total-timesteps``,
-``--learning-starts`` and ``--train-frequency`` are global (summed over ranks), so a run with N
-ranks is the same algorithm as dqn_atari.py with the same flags: the same replay capacity, batch
-and gradient steps per env step, with the sampling split over the shards. Each rank's envs fill
-its shard at the same rate, so sampling an equal share from each shard is uniform over the whole
-replay.
+Preprocessing (cleanrl_utils/atari_wrappers.py) is the standard one, as in ppo_atari.py: no-op
+resets, 4-frame skip with max-pooling, 84x84 grayscale, episodic life, FIRE on reset, reward
+clipping, a stack of 4 frames; ``charts/episodic_return`` is the raw game score.
 
-Faults and checkpoints are handled as in ppo_atari_multigpu.py: a non-finite gradient norm (checked
-after the all_reduce, so every rank decides the same) stops every rank naming the last good
-checkpoint; rank 0 writes one file holding the model once and every rank's env state, RNG state,
-parameter digest and, with ``--checkpoint-buffer``, replay shard (gathered over the process group, so
-no shared filesystem is needed; it costs one copy of the shards in rank 0's memory while writing).
+Defaults are the Nature DQN / CleanRL settings (1M transitions of replay, 80k steps of pure
+exploration, one gradient step of batch 32 every 4 env steps, a target copy every 1000 env steps,
+epsilon 1 -> 0.01 over 10% of the run). Departures from CleanRL, and why: Double DQN targets
+(``--no-double-q`` for CleanRL's) and the Huber loss (``--no-huber-loss`` for CleanRL's squared
+error), which the Nature DQN uses too: they keep the Q-values from running away.
+
+Replay memory (cleanrl_utils/buffers.py): only the newest 84x84 frame of each step is stored, so
+1M transitions take 7.1 GB instead of the 56 GB of separate uint8 ``obs`` and ``next_obs`` stacks.
+Stacks are rebuilt at sampling time and never reach across an episode start (a lost life starts
+one). The arrays are reserved once at start (the run refuses to start if they do not fit in the
+available memory) and the operating system commits their pages as they fill.
+
+Data parallelism: each process (rank) steps its own share of the envs into its own shard of the
+replay and samples its share of every minibatch from it; the ranks keep one Q-network by averaging
+gradients with one all_reduce of a flat buffer per gradient step, and the target network, a copy of
+that common Q-network, is identical on every rank too. With one rank per node every node added
+divides the replay memory per node: sharding is what lets 1M Atari transitions spread over a cluster.
+
+Sizes: ``--num-envs`` (or CleanRL-style ``--local-num-envs`` per rank), ``--buffer-size``,
+``--batch-size``, ``--total-timesteps``, ``--learning-starts``, ``--train-frequency`` and
+``--target-network-frequency`` are global (summed over ranks), so a run with N ranks is dqn_atari.py
+with the same flags: the same replay capacity, batch and gradient steps per env step. Each rank's
+envs fill its shard at the same rate, so an equal share from each shard samples the whole replay.
+
+Faults and checkpoints are cleanrl_utils/distributed.py's, as in ppo_atari_multigpu.py: a non-finite
+gradient norm (checked after the all_reduce, so every rank decides the same) stops every rank naming
+the last good checkpoint; rank 0 writes one file holding the networks once and every rank's env
+state, RNG state, parameter digests and, with ``--checkpoint-buffer``, replay shard (gathered, so no
+shared filesystem is needed; it costs one copy of the shards in rank 0's memory while writing).
 A restarted torchrun attempt resumes from the newest checkpoint; Ctrl-C on any rank checkpoints all.
 Reference figures: benchmark/replay_memory.sh.
 """
 
-import dataclasses
-import datetime
-import hashlib
-import multiprocessing
 import os
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import ale_py
@@ -54,23 +59,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import ReplayBuffer
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    list_checkpoints,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.envs import EnvSnapshot, get_vector_state, set_vector_state
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, parse_args, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
 
@@ -86,23 +82,23 @@ class Args:
     cuda: bool = True
     """if toggled, train on CUDA when available"""
     threads: int | None = None
-    """torch intra-op threads per process (None: torch's default; torchrun sets OMP_NUM_THREADS=1)"""
+    """torch intra-op threads of this process (None: torch's default)"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
     capture_video: bool = False
     """if toggled, record videos of env 0 into runs/<run-name>/videos"""
     run_name: str | None = None
-    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<torchrun run id or unix time>"""
+    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
     checkpoint_interval: int = 500_000
     """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
     checkpoint_buffer: bool = False
-    """if toggled, checkpoints also hold every rank's replay shard (exact resume, larger files)"""
+    """if toggled, checkpoints also hold the replay buffer (exact resume, larger files)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
 
@@ -110,19 +106,21 @@ class Args:
     env_id: str = "BreakoutNoFrameskip-v4"
     """the id of the Atari environment (ALE), e.g. PongNoFrameskip-v4 or ALE/Pong-v5"""
     total_timesteps: int = 10_000_000
-    """total env steps of the run, summed over all envs of all ranks (one step = 4 frames)"""
-    num_envs: int = 1
-    """the number of parallel environments, summed over all ranks (each rank runs num_envs / world size)"""
+    """total env steps of the run, summed over envs (one step = 4 frames)"""
+    num_envs: int | None = None
+    """the number of parallel environments, summed over all ranks (default: local_num_envs x WORLD_SIZE)"""
+    local_num_envs: int = 1
+    """the number of parallel environments of each rank (give it or --num-envs)"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
     buffer_size: int = 1_000_000
-    """replay capacity in transitions, summed over all ranks (each rank holds a shard of buffer_size / world size)"""
+    """replay capacity in transitions, summed over envs"""
     gamma: float = 0.99
     """the discount factor"""
-    target_network_frequency: int = 250
-    """gradient steps between copies of the Q-network into the target network"""
+    target_network_frequency: int = 1000
+    """env steps (summed over envs) between copies of the Q-network into the target network, as in CleanRL"""
     batch_size: int = 32
-    """transitions per gradient step, summed over all ranks (each rank samples batch_size / world size from its shard)"""
+    """transitions per gradient step"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.01
@@ -130,15 +128,17 @@ class Args:
     exploration_fraction: float = 0.10
     """the fraction of total_timesteps over which epsilon decays from start_e to end_e"""
     learning_starts: int = 80_000
-    """env steps (summed over all ranks) of pure exploration before learning starts"""
+    """env steps (summed over envs) of pure exploration before learning starts"""
     train_frequency: int = 4
-    """env steps (summed over all ranks) between training bursts"""
+    """env steps (summed over envs) between training bursts"""
     gradient_steps: int = 1
     """gradient steps per training burst"""
     max_grad_norm: float = 10.0
     """the maximum norm of the gradient"""
     double_q: bool = True
     """if toggled, Double DQN: the online network picks the next action, the target network values it"""
+    huber_loss: bool = True
+    """if toggled, the Huber (smooth L1) TD loss; --no-huber-loss for CleanRL's squared error"""
 
     # Distributed arguments
     backend: Literal["nccl", "gloo"] | None = None
@@ -151,37 +151,21 @@ class Args:
     """precision of the flat gradient buffer on the wire (averaged and applied in fp32)"""
 
 
-def validate(args: Args, world_size: int, local_world_size: int) -> None:
-    """Reject bad input with one line naming the value and the rule (exit code 2), before any work.
-
-    Every rank runs this on the same input, so every rank exits; only rank 0 prints.
-    """
-    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "gradient_steps")
-    for name in positive + ("target_network_frequency", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
-    for name in ("learning_rate", "max_grad_norm", "exploration_fraction", "dist_timeout"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+def validate(args: Args, ranks: Ranks) -> None:
+    """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "threads")
+    require_positive(args, "gradient_steps", "target_network_frequency", "learning_rate", "max_grad_norm")
+    require_positive(args, "exploration_fraction", "dist_timeout")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
-    for name in ("num_envs", "buffer_size", "batch_size"):
-        if getattr(args, name) % world_size != 0:
+    for name in ("buffer_size", "batch_size"):
+        if getattr(args, name) % ranks.world_size != 0:
             fail(
                 f"--{name.replace('_', '-')} {getattr(args, name)}: must be a multiple of the number of processes "
-                f"(WORLD_SIZE={world_size})"
+                f"(WORLD_SIZE={ranks.world_size})"
             )
     if args.train_frequency % args.num_envs != 0:
         fail(f"--train-frequency {args.train_frequency}: must be a multiple of --num-envs {args.num_envs}")
-    cuda = args.cuda and torch.cuda.is_available()
-    if args.backend == "nccl" and not cuda:
-        fail("--backend nccl: needs CUDA (use gloo on CPUs)")
-    if cuda and args.device_ids is not None and len(args.device_ids) < local_world_size:
-        fail(f"--device-ids {args.device_ids}: needs one GPU per local process (LOCAL_WORLD_SIZE={local_world_size})")
-    if cuda and args.device_ids is None and torch.cuda.device_count() < local_world_size:
-        fail(
-            f"{local_world_size} processes on this node but only {torch.cuda.device_count()} GPUs (use --device-ids or --no-cuda)"
-        )
     if args.buffer_size < args.num_envs * (FRAME_STACK + 2):
         fail(
             f"--buffer-size {args.buffer_size}: must hold at least {FRAME_STACK + 2} steps of every env "
@@ -191,18 +175,12 @@ def validate(args: Args, world_size: int, local_world_size: int) -> None:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     if args.total_timesteps <= args.learning_starts:
         fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
-    if args.checkpoint_interval < 0 or args.checkpoint_interval % args.num_envs != 0:
-        fail(
-            f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0 and a multiple of --num-envs {args.num_envs}"
-        )
-    try:
-        spec = gym.spec(args.env_id)
-    except gym.error.Error as e:
-        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
-    if not str(spec.entry_point).startswith("ale_py"):
-        fail(f"--env-id {args.env_id}: not an Atari (ALE) environment")
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    check_env_id(args.env_id, atari=True)
     # The replay is reserved in full at start: refuse now rather than be killed for memory hours later.
-    need = args.buffer_size // world_size * local_world_size * (84 * 84 + 16)  # the shards of this node
+    need = args.buffer_size // ranks.world_size * ranks.local_world_size * (84 * 84 + 16)  # this node's shards
     available = psutil.virtual_memory().available
     if need > 0.9 * available:
         fail(
@@ -211,22 +189,12 @@ def validate(args: Args, world_size: int, local_world_size: int) -> None:
         )
 
 
-def fail(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:  # one line for the user, not one per rank
-        print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 FRAME_STACK = 4
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
     def thunk():
-        if multiprocessing.parent_process() is not None:
-            # An async worker: Ctrl-C is for the main process, which checkpoints and stops us.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # frameskip=1: AtariPreprocessing skips frames (with max-pooling) and reads the screen from
-        # the emulator itself, so the base env's own per-frame copy is kept small (grayscale).
+        # frameskip=1: AtariPreprocessing skips (max-pooled) frames and reads the grayscale screen itself
         if capture_video and idx == 0:
             env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir)
@@ -285,53 +253,6 @@ def td_target(
     return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
-def init_distributed(backend: str, timeout: datetime.timedelta, device: torch.device) -> None:
-    """Join the process group that torchrun describes in RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
-
-    The store is built here instead of by ``init_method="env://"`` so that it can carry a prefix per
-    attempt: after a failed worker, torchrun restarts every worker but keeps its store, and without
-    the prefix the new ranks read the dead ranks' addresses and gloo's connectFullMesh is refused
-    (pytorch/pytorch#135712).
-    """
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts it
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world_size,
-        is_master=not agent_store and rank == 0,
-        timeout=timeout,
-        multi_tenant=not agent_store,
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(
-        backend,
-        store=dist.PrefixStore(f"attempt{attempt}", store),
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-        device_id=device if backend == "nccl" else None,
-    )
-
-
 def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: str = "none") -> None:
     """Average ``tensors`` over all ranks, in place, with ONE all_reduce of a flat buffer.
 
@@ -352,93 +273,25 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
         t.copy_(chunk.view_as(t))
 
 
-def parameters_digest(module: nn.Module) -> str:
-    """SHA-256 of the parameters' bytes: equal on all ranks exactly when the models are identical."""
-    digest = hashlib.sha256()
-    for p in module.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def main() -> None:
-    args = tyro.cli(Args)
-    # torchrun sets these; a plain `python` launch is rank 0 of 1 and never starts a process group.
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    distributed = "RANK" in os.environ
-    validate(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    ranks = Ranks.from_env()  # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them; `python` is rank 0 of 1
+    args = parse_args(Args, ranks.world_size)
+    validate(args, ranks)  # exit 2 on bad input, before any process group
+    device = ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)  # cuda:LOCAL_RANK or CPU
+    args, run_dir, checkpoint = ranks.plan(args, __file__)  # rank 0 reads the checkpoint, each rank gets its part
+    world_size, distributed = ranks.world_size, ranks.distributed
+    local_num_envs, local_batch_size = args.num_envs // world_size, args.batch_size // world_size
 
-    is_main = rank == 0  # rank 0 alone logs, records video and reads/writes checkpoints
-    cuda = args.cuda and torch.cuda.is_available()
-    device = (
-        torch.device("cuda", args.device_ids[local_rank] if args.device_ids else local_rank)
-        if cuda
-        else torch.device("cpu")
-    )
-    if cuda:
-        torch.cuda.set_device(device)
-    if distributed:
-        init_distributed(
-            args.backend or ("nccl" if cuda else "gloo"), datetime.timedelta(seconds=args.dist_timeout), device
-        )
-
-    # RESUME: rank 0 picks the run directory and the checkpoint and hands each rank its part.
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    plan: list = [None, None, False]  # error, run name, resuming?
-    parts = None  # on rank 0 when resuming: what each rank restores
-    if is_main:
-        # The default name is stable across torchrun restarts (same run id), so restarts find the checkpoints.
-        stamp = os.environ.get("TORCHELASTIC_RUN_ID", str(int(time.time())))
-        plan[1] = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
-        try:
-            found = list_checkpoints(Path("runs") / plan[1] / "checkpoints")
-            path = resolve_resume(args.resume) if args.resume else (found[-1] if found and restart > 0 else None)
-            if path is None and found:
-                raise CheckpointError(
-                    f"runs/{plan[1]} holds checkpoints: pass --resume runs/{plan[1]} or another --run-name"
-                )
-            if path is not None:
-                saved = load_checkpoint(path)
-                if saved["world_size"] != world_size:
-                    raise CheckpointError(
-                        f"checkpoint {path} was written by {saved['world_size']} processes, this run has {world_size}"
-                    )
-                plan[1], plan[2] = saved["run_name"], True
-                shared = {k: v for k, v in saved.items() if k != "ranks"}
-                parts = [{**shared, **own} for own in saved["ranks"]]
-                print(f"resuming from {path}", file=sys.stderr)
-        except CheckpointError as e:
-            plan[0] = str(e)
-    if distributed:
-        dist.broadcast_object_list(plan, src=0)
-    error, run_name, resuming = plan
-    if error is not None:
-        fail(error)
-    checkpoint = None
-    if resuming and distributed:
-        received = [None]
-        dist.scatter_object_list(received, parts, src=0)
-        checkpoint = received[0]
-    elif resuming:
-        checkpoint = parts[0]
-    if checkpoint is not None:  # the saved algorithm settings win; the machine-related ones are this launch's
-        machine = ("cuda", "threads", "backend", "device_ids", "dist_timeout", "progress", "resume")
-        args = Args(**{**checkpoint["args"], **{k: getattr(args, k) for k in machine}})
-    run_dir = Path("runs") / run_name
-
-    local_num_envs = args.num_envs // world_size
-    local_batch_size = args.batch_size // world_size
-
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
+    random.seed(args.seed + ranks.rank)
+    np.random.seed(args.seed + ranks.rank)
+    torch.manual_seed(args.seed + ranks.rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    # ENV SETUP: env i of rank r is seeded seed + r * local_num_envs + i, so no two envs share a seed.
-    env_seeds = [args.seed + rank * local_num_envs + i for i in range(local_num_envs)]
-    capture = args.capture_video and is_main
+    # ENV SETUP
+    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
+    capture = args.capture_video and ranks.is_main
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, capture, str(run_dir / "videos")) for i in range(local_num_envs)],
         autoreset_mode=AutoresetMode.NEXT_STEP,
@@ -448,10 +301,10 @@ def main() -> None:
     n_actions = int(envs.single_action_space.n)
 
     q_network = QNetwork(n_actions).to(device, memory_format=torch.channels_last)
+    target_network = QNetwork(n_actions).to(device, memory_format=torch.channels_last)
     if distributed:  # one set of initial weights: rank 0's
         for param in q_network.parameters():
             dist.broadcast(param.data, src=0)
-    target_network = QNetwork(n_actions).to(device, memory_format=torch.channels_last)
     target_network.load_state_dict(q_network.state_dict())
     params = list(q_network.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)
@@ -464,12 +317,12 @@ def main() -> None:
         np.uint8,
         np.int64,
         frame_stack=FRAME_STACK,
-        seed=args.seed + rank,
+        seed=args.seed + ranks.rank,
     )
 
     next_obs, _ = envs.reset(seed=env_seeds)
     next_done = np.zeros(local_num_envs, dtype=bool)  # did the previous step end an episode?
-    global_step, gradient_steps, wandb_id = 0, 0, None
+    global_step = 0
     if checkpoint is not None:
         q_network.load_state_dict(checkpoint["model"])
         target_network.load_state_dict(checkpoint["target"])
@@ -477,90 +330,21 @@ def main() -> None:
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
-        global_step, gradient_steps = checkpoint["global_step"], checkpoint["gradient_steps"]
-        wandb_id = checkpoint["wandb_id"]
+        global_step = checkpoint["global_step"]
         if "replay" in checkpoint:
             rb.load_state_dict(checkpoint["replay"])
-    start_step = global_step
-    # without a saved replay, a resumed run refills its shards before learning again
-    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
+    # without a saved replay, a resumed run refills its buffer before learning again
+    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else global_step + args.learning_starts
 
-    # LOGGING SETUP (rank 0; the run directory exists only from here on)
-    writer = None
-    if is_main:
-        if args.track:
-            import wandb
-
-            wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config={**dataclasses.asdict(args), "world_size": world_size},
-                name=run_name,
-                id=wandb_id,
-                resume="allow",
-                dir=str(run_dir),
-                save_code=True,
-            )
-        writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-        )
-
-    def gather_to_main(obj):
-        """Every rank's ``obj``, as a list on rank 0 (None elsewhere)."""
-        if not distributed:
-            return [obj]
-        out = [None] * world_size if is_main else None
-        dist.gather_object(obj, out, dst=0)
-        return out
-
-    def write_checkpoint() -> Path | None:
-        """Collective: every rank hands rank 0 its env, RNG and replay state; rank 0 writes one file."""
-        own = {
-            "rng": rng_state(),
-            "envs": get_vector_state(envs),
-            "next_obs": torch.from_numpy(np.array(next_obs)),
-            "next_done": torch.from_numpy(next_done.copy()),
-            "env_seeds": env_seeds,
-            "parameters_sha256": parameters_digest(q_network),
-            "target_sha256": parameters_digest(target_network),
-        }
-        if args.checkpoint_buffer:
-            own["replay"] = rb.state_dict()
-        ranks = gather_to_main(own)
-        if not is_main:
-            return None
-        if len({(r["parameters_sha256"], r["target_sha256"]) for r in ranks}) != 1:
-            raise RuntimeError(f"ranks hold different networks at step {global_step}; not checkpointing")
-        state = {
-            "model": q_network.state_dict(),
-            "target": target_network.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "world_size": world_size,
-            "global_step": global_step,
-            "gradient_steps": gradient_steps,
-            "wandb_id": wandb_id,
-            "ranks": ranks,
-        }
-        return save_checkpoint(state, run_dir / "checkpoints", global_step)
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress and is_main)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_time = time.perf_counter()
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    writer = run.writer
     env_time = inference_time = learn_time = comm_time = 0.0
-    episodes = []
-    loss = old_val = None  # of the latest gradient step
-    last_checkpoint: Path | None = None
+    episodes, loss, old_val = [], None, None  # loss, old_val: of the latest gradient step
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes (and stop-signal checks)
+    num_steps = (args.total_timesteps - global_step) // args.num_envs
     try:
-        for step in range(1, (args.total_timesteps - global_step) // args.num_envs + 1):
+        for step in range(1, num_steps + 1):
             global_step += args.num_envs
 
             # ACT: epsilon-greedy (each rank draws its own exploration)
@@ -576,8 +360,7 @@ def main() -> None:
             t1 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            t2 = time.perf_counter()
-            inference_time, env_time = inference_time + t1 - t0, env_time + t2 - t1
+            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
 
             # REPLAY: into this rank's shard; the step after an episode end only resets that env.
             rb.add(obs, actions, rewards, terminations, ~next_done)
@@ -601,7 +384,7 @@ def main() -> None:
                             args.gamma,
                         )
                     old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
-                    loss = F.smooth_l1_loss(old_val, target)
+                    loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if distributed:
@@ -610,79 +393,61 @@ def main() -> None:
                         comm_time += time.perf_counter() - t1
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                     if not torch.isfinite(grad_norm):  # after the all_reduce: every rank decides the same
-                        raise FloatingPointError(
-                            f"non-finite gradient norm at step {global_step}; "
-                            f"last good checkpoint: {last_checkpoint or 'none'}"
-                        )
+                        raise run.nonfinite("gradient norm", global_step)
                     optimizer.step()
-                    gradient_steps += 1
-                    if gradient_steps % args.target_network_frequency == 0:
-                        target_network.load_state_dict(q_network.state_dict())  # identical on every rank
                 learn_time += time.perf_counter() - t0
+            if global_step > first_learning_step and interval_crossed(
+                global_step, args.num_envs, args.target_network_frequency
+            ):
+                target_network.load_state_dict(q_network.state_dict())  # identical on every rank
 
             # LOGGING: rank 0 logs the episodes and timings of every rank.
             if step % log_every == 0:
-                local_sps = local_num_envs * step / (time.perf_counter() - start_time)
-                gathered = gather_to_main((episodes, local_sps, env_time, inference_time, learn_time, comm_time))
-                if is_main:
-                    for r, (rank_episodes, rank_sps, *_times) in enumerate(gathered):
-                        writer.add_scalar(f"perf/SPS_rank{r}", rank_sps, global_step)
-                        for step_at, episodic_return, episodic_length in rank_episodes:
-                            recent_returns.append(episodic_return)
-                            writer.add_scalar("charts/episodic_return", episodic_return, step_at)
-                            writer.add_scalar("charts/episodic_length", episodic_length, step_at)
-                    sps = (global_step - start_step) / (time.perf_counter() - start_time)
-                    writer.add_scalar("charts/SPS", sps, global_step)
+                local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+                timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
+                gathered = ranks.gather({"episodes": episodes, "sps": local_sps, "comm_time": comm_time, **timings})
+                if ranks.is_main:
+                    log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
                     writer.add_scalar("charts/epsilon", epsilon, global_step)
                     writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
-                    writer.add_scalar("perf/env_time", max(g[2] for g in gathered), global_step)
-                    writer.add_scalar("perf/inference_time", max(g[3] for g in gathered), global_step)
-                    writer.add_scalar("perf/learn_time", max(g[4] for g in gathered), global_step)
-                    writer.add_scalar("perf/comm_time", max(g[5] for g in gathered), global_step)
                     writer.add_scalar("perf/replay_bytes_per_rank", rb.nbytes, global_step)
                     if loss is not None:
                         writer.add_scalar("losses/td_loss", loss.item(), global_step)
                         writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
-                    for name, value in monitor.sample().items():
-                        writer.add_scalar(f"perf/{name}", value, global_step)
-                    progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
-                episodes = []
-                env_time = inference_time = learn_time = comm_time = 0.0
+                    run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
+                episodes, env_time, inference_time, learn_time, comm_time = [], 0.0, 0.0, 0.0, 0.0
 
-                # A signal on any rank stops every rank at this same step.
-                signum = torch.tensor([stop.signum or 0], device=device)
-                if distributed:
-                    dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-                if signum.item():
-                    path = write_checkpoint()
-                    if is_main:
-                        print(
-                            f"stopped by signal {signum.item()} at step {global_step}; checkpoint {path}",
-                            file=sys.stderr,
-                        )
-                    raise SystemExit(128 + int(signum.item()))
-
-            # CHECKPOINT
-            if (
-                args.checkpoint_interval
-                and global_step % args.checkpoint_interval == 0
-                and global_step < args.total_timesteps
-            ):
-                last_checkpoint = write_checkpoint()
-        write_checkpoint()
-        if distributed:
-            dist.destroy_process_group()
-    except FloatingPointError as e:
-        if is_main:  # raised on every rank alike
-            print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
+            if run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum):
+                state = {  # shared by the ranks
+                    "model": q_network.state_dict(),
+                    "target": target_network.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "global_step": global_step,
+                }
+                own = {  # this rank's part: everything else an exact resume needs (and its replay shard)
+                    "rng": rng_state(),
+                    "envs": get_vector_state(envs),
+                    "next_obs": torch.from_numpy(np.array(next_obs)),
+                    "next_done": torch.from_numpy(next_done.copy()),
+                    "env_seeds": env_seeds,
+                    "parameters_sha256": [parameters_digest(q_network), parameters_digest(target_network)],
+                }
+                if args.checkpoint_buffer:
+                    own["replay"] = rb.state_dict()
+                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                if signum:
+                    run.exit_on_signal(signum, path, global_step)
+        ranks.close()
+    except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
+    except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
+        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
     finally:
-        progress.close()
+        run.close()
         envs.close()
-        if writer is not None:
-            writer.close()
-        if is_main and args.track:
-            wandb.finish()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvPoolGames, EpisodeVideo
-from cleanrl_utils.run import RUN_ERRORS, Run, exit_on_signal, fail, report_and_exit, require_positive, start
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, start
 
 
 @dataclass
@@ -377,7 +377,7 @@ def main() -> None:
             run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
-            if run.checkpoint_due(global_step, batch_size, final=iteration == num_iterations):
+            if run.checkpoint_due(global_step, batch_size, iteration == num_iterations, run.stop.signum):
                 state = {  # everything an exact resume needs
                     "model": agent.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -387,7 +387,7 @@ def main() -> None:
                 }
                 path = run.save(state, global_step)
                 if run.stop.signum:
-                    exit_on_signal(run.stop.signum, path, global_step)
+                    run.exit_on_signal(run.stop.signum, path, global_step)
     except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     finally:

@@ -59,7 +59,7 @@ from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, to_cpu
 from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
-from cleanrl_utils.run import RUN_ERRORS, Run, exit_on_signal, fail, parse_args, report_and_exit, require_positive
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
 
@@ -475,7 +475,7 @@ def main() -> None:
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
             signum = ranks.agree_on_signal(run.stop.signum)  # every rank stops after this same iteration
-            if signum or run.checkpoint_due(global_step, batch_size, final=iteration == num_iterations):
+            if run.checkpoint_due(global_step, batch_size, iteration == num_iterations, signum):
                 state = {  # shared by the ranks
                     "model": agent.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -494,7 +494,7 @@ def main() -> None:
                     own["local_optimizer"] = to_cpu(optimizer.state_dict())
                 path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
                 if signum:
-                    exit_on_signal(signum, path, global_step)
+                    run.exit_on_signal(signum, path, global_step)
         ranks.close()
     except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)

@@ -19,44 +19,33 @@ observation after a transition is the next one stored, including at episode ends
 real final observation: terminations stop bootstrapping, truncations (MuJoCo's 1000-step limit)
 bootstrap from it. Reset steps are stored but never sampled.
 
+Departures from CleanRL, and why: the temperature starts at ``--alpha`` (0.2) and is tuned with the
+policy's learning rate; CleanRL starts it at 1.0 (log alpha = 0) whatever ``--alpha`` says and tunes
+it with the Q-networks' learning rate (1e-3). Starting at the documented value and moving it at the
+actor's pace avoids an early phase of near-random actions. Other defaults are CleanRL's.
+
 Resume: checkpoints hold the networks, optimizers, temperature, counters, RNG states and the exact
 env state (MuJoCo included); with ``--checkpoint-buffer`` also the replay, and then a resumed run
 continues exactly as the uninterrupted one. Reference figures: benchmark/replay_memory.sh.
 """
 
-import dataclasses
-import importlib
 import math
 import os
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_utils.buffers import ReplayBuffer
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.envs import EnvSnapshot, get_vector_state, set_vector_state
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, start
 
 
 @dataclass
@@ -73,7 +62,7 @@ class Args:
     """torch intra-op threads of this process (None: torch's default)"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
@@ -86,7 +75,7 @@ class Args:
     checkpoint_buffer: bool = False
     """if toggled, checkpoints also hold the replay buffer (exact resume, larger files)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
 
@@ -116,20 +105,15 @@ class Args:
     target_network_frequency: int = 1
     """critic updates between Polyak updates of the target networks"""
     alpha: float = 0.2
-    """entropy temperature (the initial one with --autotune)"""
+    """entropy temperature (the initial one with --autotune; CleanRL starts that at 1.0)"""
     autotune: bool = True
     """if toggled, tune the temperature towards the target entropy -dim(A)"""
 
 
 def validate(args: Args) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "threads")
-    for name in positive + ("target_network_frequency",):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
-    for name in ("policy_lr", "q_lr", "alpha"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "threads")
+    require_positive(args, "target_network_frequency", "policy_lr", "q_lr", "alpha")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 < args.tau <= 1.0:
@@ -140,22 +124,9 @@ def validate(args: Args) -> None:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     if args.total_timesteps <= args.learning_starts:
         fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
-    if args.checkpoint_interval < 0 or args.checkpoint_interval % args.num_envs != 0:
-        fail(
-            f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0 and a multiple of --num-envs {args.num_envs}"
-        )
-    module, _, env_name = args.env_id.rpartition(":")
-    try:
-        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
-            importlib.import_module(module)
-        gym.spec(env_name)
-    except (ImportError, gym.error.Error) as e:
-        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    check_env_id(args.env_id)
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
@@ -240,39 +211,8 @@ def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
     torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
 def main() -> None:
-    args = tyro.cli(Args)
-    checkpoint = None
-    if args.resume:
-        try:
-            checkpoint = load_checkpoint(resolve_resume(args.resume))
-        except CheckpointError as e:
-            fail(str(e))
-        args = Args(**checkpoint["args"])
-    validate(args)
-
-    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]
-    run_dir = Path("runs") / run_name
+    args, run_dir, checkpoint = start(Args, validate, __file__)  # exit 2 on bad input, before any work
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -319,7 +259,7 @@ def main() -> None:
 
     next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
     next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
-    global_step, updates, wandb_id = 0, 0, None
+    global_step, updates = 0, 0
     if checkpoint is not None:
         actor.load_state_dict(checkpoint["actor"])
         for net, key in ((qf1, "qf1"), (qf2, "qf2"), (qf1_target, "qf1_target"), (qf2_target, "qf2_target")):
@@ -334,80 +274,22 @@ def main() -> None:
         set_rng_state(checkpoint["rng"])
         envs.single_action_space.np_random.bit_generator.state = checkpoint["action_space_rng"]
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
-        global_step, updates, wandb_id = checkpoint["global_step"], checkpoint["updates"], checkpoint["wandb_id"]
+        global_step, updates = checkpoint["global_step"], checkpoint["updates"]
         if "replay" in checkpoint:
             rb.load_state_dict(checkpoint["replay"])
     start_step = global_step
     # without a saved replay, a resumed run refills its buffer before learning again
     first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
 
-    # LOGGING SETUP (the run directory exists only from here on)
-    if args.track:
-        import wandb
-
-        wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=dataclasses.asdict(args),
-            name=run_name,
-            id=wandb_id,
-            resume="allow",
-            dir=str(run_dir),
-            save_code=True,
-        )
-    writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-    )
-
-    def write_checkpoint() -> Path:
-        state = {
-            "actor": actor.state_dict(),
-            "qf1": qf1.state_dict(),
-            "qf2": qf2.state_dict(),
-            "qf1_target": qf1_target.state_dict(),
-            "qf2_target": qf2_target.state_dict(),
-            "q_optimizer": q_optimizer.state_dict(),
-            "actor_optimizer": actor_optimizer.state_dict(),
-            "a_optimizer": a_optimizer.state_dict(),
-            "log_alpha": log_alpha.detach().cpu(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "global_step": global_step,
-            "updates": updates,
-            "rng": rng_state(),
-            "action_space_rng": envs.single_action_space.np_random.bit_generator.state,
-            "envs": get_vector_state(envs),
-            "next_obs": torch.from_numpy(np.array(next_obs)),
-            "next_done": torch.from_numpy(next_done.copy()),
-            "wandb_id": wandb_id,
-        }
-        if args.checkpoint_buffer:
-            state["replay"] = rb.state_dict()
-        return save_checkpoint(state, run_dir / "checkpoints", global_step)
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_time = time.perf_counter()
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device)
+    writer = run.writer
     env_time = inference_time = learn_time = 0.0
-    last_checkpoint: Path | None = None
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
     qf_loss = actor_loss = qf1_values = qf2_values = torch.zeros((), device=device)  # of the latest update
-
-    def check_finite() -> None:
-        """Checked at logging and checkpoint time only: a check per update would stall a GPU every step."""
-        if not (torch.isfinite(qf_loss) and torch.isfinite(actor_loss)):
-            raise FloatingPointError(
-                f"non-finite loss at step {global_step}; last good checkpoint: {last_checkpoint or 'none'}"
-            )
-
+    num_steps = (args.total_timesteps - global_step) // args.num_envs
     try:
-        for step in range(1, (args.total_timesteps - global_step) // args.num_envs + 1):
+        for step in range(1, num_steps + 1):
             global_step += args.num_envs
 
             # ACT: uniform actions until learning starts, then samples of the policy
@@ -421,18 +303,14 @@ def main() -> None:
             t1 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            t2 = time.perf_counter()
-            inference_time, env_time = inference_time + t1 - t0, env_time + t2 - t1
+            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
 
             # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
             rb.add(obs, actions, rewards, terminations, ~next_done)
             next_done = np.logical_or(terminations, truncations)
             if "_episode" in infos:
                 for i in np.flatnonzero(infos["_episode"]):
-                    episodic_return = float(infos["episode"]["r"][i])
-                    recent_returns.append(episodic_return)
-                    writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                    writer.add_scalar("charts/episodic_length", int(infos["episode"]["l"][i]), global_step)
+                    run.log_episode(global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
 
             # UPDATE: one critic step per vector step; the actor every policy_frequency critic steps
             if global_step > first_learning_step:
@@ -476,49 +354,56 @@ def main() -> None:
                     polyak_update_(qf2_target, qf2, args.tau)
                 learn_time += time.perf_counter() - t0
 
-            # LOGGING
+            # LOGGING (and the NaN check: one per update would stall a GPU every step; no checkpoint is
+            # ever written after a non-finite loss, since one is checked right before each checkpoint)
+            due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
+            if (step % log_every == 0 or due) and not torch.isfinite(torch.stack([qf_loss, actor_loss]).detach()).all():
+                raise run.nonfinite("loss", global_step)
             if step % log_every == 0:
-                sps = (global_step - start_step) / (time.perf_counter() - start_time)
-                writer.add_scalar("charts/SPS", sps, global_step)
                 writer.add_scalar("perf/env_time", env_time, global_step)
                 writer.add_scalar("perf/inference_time", inference_time, global_step)
                 writer.add_scalar("perf/learn_time", learn_time, global_step)
                 writer.add_scalar("perf/replay_bytes", rb.nbytes, global_step)
-                check_finite()
                 if updates > 0:
                     writer.add_scalar("losses/qf1_values", qf1_values.mean().item(), global_step)
                     writer.add_scalar("losses/qf2_values", qf2_values.mean().item(), global_step)
                     writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)
                     writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
                     writer.add_scalar("losses/alpha", alpha, global_step)
-                for name, value in monitor.sample().items():
-                    writer.add_scalar(f"perf/{name}", value, global_step)
+                run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
                 env_time = inference_time = learn_time = 0.0
-                progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
 
-            # CHECKPOINT
-            if stop.signum is not None:
-                path = write_checkpoint()
-                print(f"stopped by signal {stop.signum} at step {global_step}; checkpoint {path}", file=sys.stderr)
-                sys.exit(128 + stop.signum)
-            if (
-                args.checkpoint_interval
-                and global_step % args.checkpoint_interval == 0
-                and global_step < args.total_timesteps
-            ):
-                check_finite()
-                last_checkpoint = write_checkpoint()
-        check_finite()
-        write_checkpoint()
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            if due:
+                state = {  # everything an exact resume needs (and the replay, with --checkpoint-buffer)
+                    "actor": actor.state_dict(),
+                    "qf1": qf1.state_dict(),
+                    "qf2": qf2.state_dict(),
+                    "qf1_target": qf1_target.state_dict(),
+                    "qf2_target": qf2_target.state_dict(),
+                    "q_optimizer": q_optimizer.state_dict(),
+                    "actor_optimizer": actor_optimizer.state_dict(),
+                    "a_optimizer": a_optimizer.state_dict(),
+                    "log_alpha": log_alpha.detach().cpu(),
+                    "global_step": global_step,
+                    "updates": updates,
+                    "rng": rng_state(),
+                    "action_space_rng": envs.single_action_space.np_random.bit_generator.state,
+                    "envs": get_vector_state(envs),
+                    "next_obs": torch.from_numpy(np.array(next_obs)),
+                    "next_done": torch.from_numpy(next_done.copy()),
+                }
+                if args.checkpoint_buffer:
+                    state["replay"] = rb.state_dict()
+                path = run.save(state, global_step)
+                if run.stop.signum:
+                    run.exit_on_signal(run.stop.signum, path, global_step)
+    except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
     finally:
-        progress.close()
+        run.close()
         envs.close()
-        writer.close()
-        if args.track:
-            wandb.finish()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,39 @@
-"""Data-parallel SAC with a sharded replay: N processes (one per GPU, or per CPU group) train one agent.
-
-Each process (rank) steps its own share of the envs into its own shard of the replay
-(buffer_size / world size transitions) and samples its share of every minibatch from that shard.
-The ranks keep one actor, one pair of critics and one temperature by averaging gradients: one
-all_reduce of a flat buffer for the critics' step, one for the actor's and temperature's. The
-target critics are Polyak averages of identical critics, so they stay identical on every rank.
+"""Data-parallel SAC with a sharded replay: N processes (GPUs, CPU groups, nodes) train one agent.
 
 Launch:
     python cleanrl/sac_continuous_action_multigpu.py                       # one process (= sac_continuous_action.py)
     torchrun --standalone --nproc_per_node=2 cleanrl/sac_continuous_action_multigpu.py --num-envs 2 --batch-size 512
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv-backend=c10d \
         --rdzv-endpoint=HOST:29400 --rdzv-id=cheetah cleanrl/sac_continuous_action_multigpu.py --num-envs 16 --batch-size 4096
+    tensorboard --logdir runs
 
-Sizes: ``--num-envs``, ``--buffer-size``, ``--batch-size``, ``--total-timesteps`` and
-``--learning-starts`` are global (summed over ranks): N ranks run the same algorithm as
-sac_continuous_action.py with the same flags (one update per vector step of all ranks' envs),
-with sampling split over the shards. With more ranks, raise ``--num-envs`` and ``--batch-size``
-together to keep the update-to-data ratio.
+Algorithm (Haarnoja et al. 2018, with the CleanRL / TD3 conventions): a tanh-squashed Gaussian
+actor, two Q-networks with Polyak-averaged targets, clipped double-Q soft targets, the entropy
+temperature tuned towards -|A| unless ``--no-autotune``, and the actor (with the temperature)
+updated ``policy_frequency`` times every ``policy_frequency`` steps. One critic update per
+vector step; before ``learning_starts`` actions are uniform.
+
+Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
+observation after a transition is the next one stored, including at episode ends where it is the
+real final observation: terminations stop bootstrapping, truncations (MuJoCo's 1000-step limit)
+bootstrap from it. Reset steps are stored but never sampled.
+
+Departures from CleanRL, and why: the temperature starts at ``--alpha`` (0.2) and is tuned with the
+policy's learning rate; CleanRL starts it at 1.0 (log alpha = 0) whatever ``--alpha`` says and tunes
+it with the Q-networks' learning rate (1e-3). Starting at the documented value and moving it at the
+actor's pace avoids an early phase of near-random actions. Other defaults are CleanRL's.
+
+Data parallelism: each process (rank) steps its own share of the envs into its own shard of the
+replay and samples its share of every minibatch from it. The ranks keep one actor, one pair of
+critics and one temperature by averaging gradients: one all_reduce of a flat buffer for the critics'
+step, one for the actor's and temperature's. The target critics are Polyak averages of identical
+critics, so they stay identical on every rank.
+
+Sizes: ``--num-envs`` (or ``--local-num-envs`` per rank), ``--buffer-size``, ``--batch-size``,
+``--total-timesteps`` and ``--learning-starts`` are global (summed over ranks): N ranks run
+sac_continuous_action.py with the same flags (one update per vector step of all ranks' envs), with
+sampling split over the shards. With more ranks, raise ``--num-envs`` and ``--batch-size`` together
+to keep the update-to-data ratio.
 
 Faults and checkpoints as in dqn_atari_multigpu.py: a non-finite loss (all-reduced, so every rank
 decides the same) stops every rank; rank 0 writes one file with the networks once and every rank's
@@ -24,20 +41,11 @@ env state, RNG states, parameter digests and, with ``--checkpoint-buffer``, repl
 Reference figures: benchmark/replay_memory.sh.
 """
 
-import dataclasses
-import datetime
-import hashlib
-import importlib
 import math
 import os
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
@@ -46,22 +54,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_utils.buffers import ReplayBuffer
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    list_checkpoints,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.envs import EnvSnapshot, get_vector_state, set_vector_state
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
 
 
 @dataclass
@@ -75,23 +74,23 @@ class Args:
     cuda: bool = True
     """if toggled, train on CUDA when available"""
     threads: int | None = None
-    """torch intra-op threads per process (None: torch's default; torchrun sets OMP_NUM_THREADS=1)"""
+    """torch intra-op threads of this process (None: torch's default)"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
     capture_video: bool = False
     """if toggled, record videos of env 0 into runs/<run-name>/videos"""
     run_name: str | None = None
-    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<torchrun run id or unix time>"""
+    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
     checkpoint_interval: int = 100_000
     """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
     checkpoint_buffer: bool = False
-    """if toggled, checkpoints also hold every rank's replay shard (exact resume, larger files)"""
+    """if toggled, checkpoints also hold the replay buffer (exact resume, larger files)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
 
@@ -99,19 +98,21 @@ class Args:
     env_id: str = "HalfCheetah-v4"
     """the id of the gymnasium environment (Box actions and observations)"""
     total_timesteps: int = 1_000_000
-    """total env steps of the run, summed over all envs of all ranks"""
-    num_envs: int = 1
-    """the number of parallel environments, summed over all ranks (each rank runs num_envs / world size)"""
+    """total env steps of the run, summed over envs"""
+    num_envs: int | None = None
+    """the number of parallel environments, summed over all ranks (default: local_num_envs x WORLD_SIZE)"""
+    local_num_envs: int = 1
+    """the number of parallel environments of each rank (give it or --num-envs)"""
     buffer_size: int = 1_000_000
-    """replay capacity in transitions, summed over all ranks (each rank holds a shard of buffer_size / world size)"""
+    """replay capacity in transitions, summed over envs"""
     gamma: float = 0.99
     """the discount factor"""
     tau: float = 0.005
     """target smoothing coefficient (Polyak averaging per update)"""
     batch_size: int = 256
-    """transitions per gradient step, summed over all ranks (each rank samples batch_size / world size from its shard)"""
+    """transitions per gradient step"""
     learning_starts: int = 5_000
-    """env steps (summed over all ranks) of uniform random actions before learning starts"""
+    """env steps (summed over envs) of uniform random actions before learning starts"""
     policy_lr: float = 3e-4
     """the learning rate of the actor and the temperature"""
     q_lr: float = 1e-3
@@ -121,7 +122,7 @@ class Args:
     target_network_frequency: int = 1
     """critic updates between Polyak updates of the target networks"""
     alpha: float = 0.2
-    """entropy temperature (the initial one with --autotune)"""
+    """entropy temperature (the initial one with --autotune; CleanRL starts that at 1.0)"""
     autotune: bool = True
     """if toggled, tune the temperature towards the target entropy -dim(A)"""
 
@@ -136,60 +137,30 @@ class Args:
     """precision of the flat gradient buffer on the wire (averaged and applied in fp32)"""
 
 
-def validate(args: Args, world_size: int, local_world_size: int) -> None:
-    """Reject bad input with one line naming the value and the rule (exit code 2), before any work.
-
-    Every rank runs this on the same input, so every rank exits; only rank 0 prints.
-    """
-    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "threads")
-    for name in positive + ("target_network_frequency",):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
-    for name in ("policy_lr", "q_lr", "alpha", "dist_timeout"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+def validate(args: Args, ranks: Ranks) -> None:
+    """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "threads")
+    require_positive(args, "target_network_frequency", "policy_lr", "q_lr", "alpha", "dist_timeout")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 < args.tau <= 1.0:
         fail(f"--tau {args.tau}: must be in (0, 1]")
-    for name in ("num_envs", "buffer_size", "batch_size"):
-        if getattr(args, name) % world_size != 0:
+    for name in ("buffer_size", "batch_size"):
+        if getattr(args, name) % ranks.world_size != 0:
             fail(
                 f"--{name.replace('_', '-')} {getattr(args, name)}: must be a multiple of the number of processes "
-                f"(WORLD_SIZE={world_size})"
+                f"(WORLD_SIZE={ranks.world_size})"
             )
-    cuda = args.cuda and torch.cuda.is_available()
-    if args.backend == "nccl" and not cuda:
-        fail("--backend nccl: needs CUDA (use gloo on CPUs)")
-    if cuda and args.device_ids is not None and len(args.device_ids) < local_world_size:
-        fail(f"--device-ids {args.device_ids}: needs one GPU per local process (LOCAL_WORLD_SIZE={local_world_size})")
-    if cuda and args.device_ids is None and torch.cuda.device_count() < local_world_size:
-        fail(
-            f"{local_world_size} processes on this node but only {torch.cuda.device_count()} GPUs (use --device-ids or --no-cuda)"
-        )
     if args.buffer_size < args.num_envs * 3:
         fail(f"--buffer-size {args.buffer_size}: must hold at least 3 steps of every env ({args.num_envs * 3})")
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     if args.total_timesteps <= args.learning_starts:
         fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
-    if args.checkpoint_interval < 0 or args.checkpoint_interval % args.num_envs != 0:
-        fail(
-            f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0 and a multiple of --num-envs {args.num_envs}"
-        )
-    module, _, env_name = args.env_id.rpartition(":")
-    try:
-        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
-            importlib.import_module(module)
-        gym.spec(env_name)
-    except (ImportError, gym.error.Error) as e:
-        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
-
-
-def fail(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:  # one line for the user, not one per rank
-        print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    if args.checkpoint_interval < 0:
+        fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    check_env_id(args.env_id)
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
@@ -274,53 +245,6 @@ def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
     torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
-def init_distributed(backend: str, timeout: datetime.timedelta, device: torch.device) -> None:
-    """Join the process group that torchrun describes in RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
-
-    The store is built here instead of by ``init_method="env://"`` so that it can carry a prefix per
-    attempt: after a failed worker, torchrun restarts every worker but keeps its store, and without
-    the prefix the new ranks read the dead ranks' addresses and gloo's connectFullMesh is refused
-    (pytorch/pytorch#135712).
-    """
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts it
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world_size,
-        is_master=not agent_store and rank == 0,
-        timeout=timeout,
-        multi_tenant=not agent_store,
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(
-        backend,
-        store=dist.PrefixStore(f"attempt{attempt}", store),
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-        device_id=device if backend == "nccl" else None,
-    )
-
-
 def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: str = "none") -> None:
     """Average ``tensors`` over all ranks, in place, with ONE all_reduce of a flat buffer.
 
@@ -341,93 +265,39 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
         t.copy_(chunk.view_as(t))
 
 
-def parameters_digest(module: nn.Module) -> str:
-    """SHA-256 of the parameters' bytes: equal on all ranks exactly when the models are identical."""
-    digest = hashlib.sha256()
-    for p in module.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
+def step_averaged_(loss: torch.Tensor, params: list, optimizers: list, world_size: int, compression: str) -> float:
+    """Backward, average the gradients over ranks (one flat buffer), then step; returns seconds spent communicating."""
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    t0 = time.perf_counter()
+    if world_size > 1:
+        all_reduce_mean_([p.grad for p in params], world_size, compression)
+    spent = time.perf_counter() - t0
+    for optimizer in optimizers:
+        optimizer.step()
+    return spent
 
 
 def main() -> None:
-    args = tyro.cli(Args)
-    # torchrun sets these; a plain `python` launch is rank 0 of 1 and never starts a process group.
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    distributed = "RANK" in os.environ
-    validate(args, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    ranks = Ranks.from_env()  # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them; `python` is rank 0 of 1
+    args = parse_args(Args, ranks.world_size)
+    validate(args, ranks)  # exit 2 on bad input, before any process group
+    device = ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)  # cuda:LOCAL_RANK or CPU
+    args, run_dir, checkpoint = ranks.plan(args, __file__)  # rank 0 reads the checkpoint, each rank gets its part
+    world_size, distributed = ranks.world_size, ranks.distributed
+    local_num_envs, local_batch_size = args.num_envs // world_size, args.batch_size // world_size
 
-    is_main = rank == 0  # rank 0 alone logs, records video and reads/writes checkpoints
-    cuda = args.cuda and torch.cuda.is_available()
-    device = (
-        torch.device("cuda", args.device_ids[local_rank] if args.device_ids else local_rank)
-        if cuda
-        else torch.device("cpu")
-    )
-    if cuda:
-        torch.cuda.set_device(device)
-    if distributed:
-        init_distributed(
-            args.backend or ("nccl" if cuda else "gloo"), datetime.timedelta(seconds=args.dist_timeout), device
-        )
-
-    # RESUME: rank 0 picks the run directory and the checkpoint and hands each rank its part.
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    plan: list = [None, None, False]  # error, run name, resuming?
-    parts = None  # on rank 0 when resuming: what each rank restores
-    if is_main:
-        # The default name is stable across torchrun restarts (same run id), so restarts find the checkpoints.
-        stamp = os.environ.get("TORCHELASTIC_RUN_ID", str(int(time.time())))
-        plan[1] = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
-        try:
-            found = list_checkpoints(Path("runs") / plan[1] / "checkpoints")
-            path = resolve_resume(args.resume) if args.resume else (found[-1] if found and restart > 0 else None)
-            if path is None and found:
-                raise CheckpointError(
-                    f"runs/{plan[1]} holds checkpoints: pass --resume runs/{plan[1]} or another --run-name"
-                )
-            if path is not None:
-                saved = load_checkpoint(path)
-                if saved["world_size"] != world_size:
-                    raise CheckpointError(
-                        f"checkpoint {path} was written by {saved['world_size']} processes, this run has {world_size}"
-                    )
-                plan[1], plan[2] = saved["run_name"], True
-                shared = {k: v for k, v in saved.items() if k != "ranks"}
-                parts = [{**shared, **own} for own in saved["ranks"]]
-                print(f"resuming from {path}", file=sys.stderr)
-        except CheckpointError as e:
-            plan[0] = str(e)
-    if distributed:
-        dist.broadcast_object_list(plan, src=0)
-    error, run_name, resuming = plan
-    if error is not None:
-        fail(error)
-    checkpoint = None
-    if resuming and distributed:
-        received = [None]
-        dist.scatter_object_list(received, parts, src=0)
-        checkpoint = received[0]
-    elif resuming:
-        checkpoint = parts[0]
-    if checkpoint is not None:  # the saved algorithm settings win; the machine-related ones are this launch's
-        machine = ("cuda", "threads", "backend", "device_ids", "dist_timeout", "progress", "resume")
-        args = Args(**{**checkpoint["args"], **{k: getattr(args, k) for k in machine}})
-    run_dir = Path("runs") / run_name
-
-    local_num_envs = args.num_envs // world_size
-    local_batch_size = args.batch_size // world_size
-
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
+    random.seed(args.seed + ranks.rank)
+    np.random.seed(args.seed + ranks.rank)
+    torch.manual_seed(args.seed + ranks.rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    # ENV SETUP: env i of rank r is seeded seed + r * local_num_envs + i, so no two envs share a seed.
-    env_seeds = [args.seed + rank * local_num_envs + i for i in range(local_num_envs)]
-    capture = args.capture_video and is_main
+    # ENV SETUP
+    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
+    capture = args.capture_video and ranks.is_main
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, capture, str(run_dir / "videos")) for i in range(local_num_envs)],
         autoreset_mode=AutoresetMode.NEXT_STEP,
@@ -443,26 +313,28 @@ def main() -> None:
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         envs.close()
         fail(f"--env-id {args.env_id}: needs a bounded action space, got {envs.single_action_space}")
-    envs.single_action_space.seed(args.seed + rank)
+    envs.single_action_space.seed(args.seed + ranks.rank)
 
     actor = Actor(obs_dim, low, high).to(device)
     qf1, qf2 = SoftQNetwork(obs_dim, action_shape[0]).to(device), SoftQNetwork(obs_dim, action_shape[0]).to(device)
-    target_entropy = -float(np.prod(action_shape))
-    log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
     if distributed:  # one set of initial weights: rank 0's
         for param in [*actor.parameters(), *qf1.parameters(), *qf2.parameters()]:
             dist.broadcast(param.data, src=0)
-    qf1_target = SoftQNetwork(obs_dim, action_shape[0]).to(device).requires_grad_(False)
-    qf2_target = SoftQNetwork(obs_dim, action_shape[0]).to(device).requires_grad_(False)
+    qf1_target, qf2_target = (
+        SoftQNetwork(obs_dim, action_shape[0]).to(device),
+        SoftQNetwork(obs_dim, action_shape[0]).to(device),
+    )
+    qf1_target.requires_grad_(False), qf2_target.requires_grad_(False)
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
-    q_params = [*qf1.parameters(), *qf2.parameters()]
-    # the actor's and the temperature's gradients travel in one buffer
-    actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())
-    q_optimizer = torch.optim.Adam(q_params, lr=args.q_lr, fused=True)
+    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr, fused=True)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
+    target_entropy = -float(np.prod(action_shape))
+    log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr)
     alpha = args.alpha
+    q_params = [*qf1.parameters(), *qf2.parameters()]
+    actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())  # one buffer
     # This rank's shard: its own envs' transitions only, buffer_size / world_size of them.
     rb = ReplayBuffer(
         args.buffer_size // world_size,
@@ -471,12 +343,12 @@ def main() -> None:
         action_shape,
         np.float32,
         np.float32,
-        seed=args.seed + rank,
+        seed=args.seed + ranks.rank,
     )
 
     next_obs, _ = envs.reset(seed=env_seeds)
     next_done = np.zeros(local_num_envs, dtype=bool)  # did the previous step end an episode?
-    global_step, updates, wandb_id = 0, 0, None
+    global_step, updates = 0, 0
     if checkpoint is not None:
         actor.load_state_dict(checkpoint["actor"])
         for net, key in ((qf1, "qf1"), (qf2, "qf2"), (qf1_target, "qf1_target"), (qf2_target, "qf2_target")):
@@ -491,119 +363,23 @@ def main() -> None:
         set_rng_state(checkpoint["rng"])
         envs.single_action_space.np_random.bit_generator.state = checkpoint["action_space_rng"]
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
-        global_step, updates, wandb_id = checkpoint["global_step"], checkpoint["updates"], checkpoint["wandb_id"]
+        global_step, updates = checkpoint["global_step"], checkpoint["updates"]
         if "replay" in checkpoint:
             rb.load_state_dict(checkpoint["replay"])
     start_step = global_step
-    # without a saved replay, a resumed run refills its shards before learning again
+    # without a saved replay, a resumed run refills its buffer before learning again
     first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
 
-    # LOGGING SETUP (rank 0; the run directory exists only from here on)
-    writer = None
-    if is_main:
-        if args.track:
-            import wandb
-
-            wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config={**dataclasses.asdict(args), "world_size": world_size},
-                name=run_name,
-                id=wandb_id,
-                resume="allow",
-                dir=str(run_dir),
-                save_code=True,
-            )
-        writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-        )
-
-    def gather_to_main(obj):
-        """Every rank's ``obj``, as a list on rank 0 (None elsewhere)."""
-        if not distributed:
-            return [obj]
-        out = [None] * world_size if is_main else None
-        dist.gather_object(obj, out, dst=0)
-        return out
-
-    def write_checkpoint() -> Path | None:
-        """Collective: every rank hands rank 0 its env, RNG and replay state; rank 0 writes one file."""
-        own = {
-            "rng": rng_state(),
-            "action_space_rng": envs.single_action_space.np_random.bit_generator.state,
-            "envs": get_vector_state(envs),
-            "next_obs": torch.from_numpy(np.array(next_obs)),
-            "next_done": torch.from_numpy(next_done.copy()),
-            "env_seeds": env_seeds,
-            "parameters_sha256": [parameters_digest(net) for net in (actor, qf1, qf2, qf1_target, qf2_target)],
-        }
-        if args.checkpoint_buffer:
-            own["replay"] = rb.state_dict()
-        ranks = gather_to_main(own)
-        if not is_main:
-            return None
-        if len({tuple(r["parameters_sha256"]) for r in ranks}) != 1:
-            raise RuntimeError(f"ranks hold different networks at step {global_step}; not checkpointing")
-        state = {
-            "actor": actor.state_dict(),
-            "qf1": qf1.state_dict(),
-            "qf2": qf2.state_dict(),
-            "qf1_target": qf1_target.state_dict(),
-            "qf2_target": qf2_target.state_dict(),
-            "q_optimizer": q_optimizer.state_dict(),
-            "actor_optimizer": actor_optimizer.state_dict(),
-            "a_optimizer": a_optimizer.state_dict(),
-            "log_alpha": log_alpha.detach().cpu(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "world_size": world_size,
-            "global_step": global_step,
-            "updates": updates,
-            "wandb_id": wandb_id,
-            "ranks": ranks,
-        }
-        return save_checkpoint(state, run_dir / "checkpoints", global_step)
-
-    def synced_step(loss: torch.Tensor, params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> float:
-        """Backward, average the gradients over ranks (one flat buffer), then step; returns seconds spent communicating."""
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        t0 = time.perf_counter()
-        if distributed:
-            all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
-        spent = time.perf_counter() - t0
-        for optimizer in optimizers:
-            optimizer.step()
-        return spent
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress and is_main)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_time = time.perf_counter()
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    writer = run.writer
     env_time = inference_time = learn_time = comm_time = 0.0
     episodes = []
-    last_checkpoint: Path | None = None
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes (and stop-signal checks)
     qf_loss = actor_loss = qf1_values = qf2_values = torch.zeros((), device=device)  # of the latest update
-
-    def check_finite() -> None:
-        """At logging and checkpoint time; the losses are all-reduced so every rank decides the same."""
-        losses = torch.stack([qf_loss.detach(), actor_loss.detach()]).reshape(2)
-        if distributed:
-            all_reduce_mean_([losses], world_size)
-        if not torch.isfinite(losses).all():
-            raise FloatingPointError(
-                f"non-finite loss at step {global_step}; last good checkpoint: {last_checkpoint or 'none'}"
-            )
-
+    num_steps = (args.total_timesteps - global_step) // args.num_envs
     try:
-        for step in range(1, (args.total_timesteps - global_step) // args.num_envs + 1):
+        for step in range(1, num_steps + 1):
             global_step += args.num_envs
 
             # ACT: uniform actions until learning starts, then samples of the policy
@@ -617,8 +393,7 @@ def main() -> None:
             t1 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            t2 = time.perf_counter()
-            inference_time, env_time = inference_time + t1 - t0, env_time + t2 - t1
+            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
 
             # REPLAY: into this rank's shard; the step after an episode end only resets that env.
             rb.add(obs, actions, rewards, terminations, ~next_done)
@@ -644,7 +419,7 @@ def main() -> None:
                     )
                 qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
                 qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
-                comm_time += synced_step(qf_loss, q_params, [q_optimizer])
+                comm_time += step_averaged_(qf_loss, q_params, [q_optimizer], world_size, args.grad_compression)
                 updates += 1
 
                 if updates % args.policy_frequency == 0:
@@ -652,38 +427,43 @@ def main() -> None:
                         pi, log_pi, _ = actor(data["obs"])
                         min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
                         actor_loss = (alpha * log_pi - min_q_pi).mean()
-                        if args.autotune:  # the temperature's loss only reaches log_alpha
+                        if args.autotune:  # the temperature's loss reaches log_alpha only: one backward for both
                             alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
-                            comm_time += synced_step(
-                                actor_loss + alpha_loss, actor_params, [actor_optimizer, a_optimizer]
+                            comm_time += step_averaged_(
+                                actor_loss + alpha_loss,
+                                actor_params,
+                                [actor_optimizer, a_optimizer],
+                                world_size,
+                                args.grad_compression,
                             )
                             alpha = log_alpha.exp().item()
                         else:
-                            comm_time += synced_step(actor_loss, actor_params, [actor_optimizer])
+                            comm_time += step_averaged_(
+                                actor_loss, actor_params, [actor_optimizer], world_size, args.grad_compression
+                            )
 
                 if updates % args.target_network_frequency == 0:
                     polyak_update_(qf1_target, qf1, args.tau)
                     polyak_update_(qf2_target, qf2, args.tau)
                 learn_time += time.perf_counter() - t0
 
-            # LOGGING: rank 0 logs the episodes and timings of every rank.
+            # LOGGING: rank 0 logs the episodes and timings of every rank. Then the NaN check (losses
+            # all-reduced, so every rank decides the same; one check per update would stall a GPU every
+            # step; no checkpoint is ever written after a non-finite loss, one is checked right before).
+            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
+            due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
+            if step % log_every == 0 or due:
+                losses = torch.stack([qf_loss, actor_loss]).detach().reshape(2)
+                if distributed:
+                    all_reduce_mean_([losses], world_size)
+                if not torch.isfinite(losses).all():
+                    raise run.nonfinite("loss", global_step)
             if step % log_every == 0:
-                check_finite()
-                local_sps = local_num_envs * step / (time.perf_counter() - start_time)
-                gathered = gather_to_main((episodes, local_sps, env_time, inference_time, learn_time, comm_time))
-                if is_main:
-                    for r, (rank_episodes, rank_sps, *_times) in enumerate(gathered):
-                        writer.add_scalar(f"perf/SPS_rank{r}", rank_sps, global_step)
-                        for step_at, episodic_return, episodic_length in rank_episodes:
-                            recent_returns.append(episodic_return)
-                            writer.add_scalar("charts/episodic_return", episodic_return, step_at)
-                            writer.add_scalar("charts/episodic_length", episodic_length, step_at)
-                    sps = (global_step - start_step) / (time.perf_counter() - start_time)
-                    writer.add_scalar("charts/SPS", sps, global_step)
-                    writer.add_scalar("perf/env_time", max(g[2] for g in gathered), global_step)
-                    writer.add_scalar("perf/inference_time", max(g[3] for g in gathered), global_step)
-                    writer.add_scalar("perf/learn_time", max(g[4] for g in gathered), global_step)
-                    writer.add_scalar("perf/comm_time", max(g[5] for g in gathered), global_step)
+                local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+                timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
+                gathered = ranks.gather({"episodes": episodes, "sps": local_sps, "comm_time": comm_time, **timings})
+                if ranks.is_main:
+                    log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
                     writer.add_scalar("perf/replay_bytes_per_rank", rb.nbytes, global_step)
                     if updates > 0:
                         writer.add_scalar("losses/qf1_values", qf1_values.mean().item(), global_step)
@@ -691,48 +471,47 @@ def main() -> None:
                         writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)
                         writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
                         writer.add_scalar("losses/alpha", alpha, global_step)
-                    for name, value in monitor.sample().items():
-                        writer.add_scalar(f"perf/{name}", value, global_step)
-                    progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
-                episodes = []
-                env_time = inference_time = learn_time = comm_time = 0.0
+                    run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
+                episodes, env_time, inference_time, learn_time, comm_time = [], 0.0, 0.0, 0.0, 0.0
 
-                # A signal on any rank stops every rank at this same step.
-                signum = torch.tensor([stop.signum or 0], device=device)
-                if distributed:
-                    dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-                if signum.item():
-                    path = write_checkpoint()
-                    if is_main:
-                        print(
-                            f"stopped by signal {signum.item()} at step {global_step}; checkpoint {path}",
-                            file=sys.stderr,
-                        )
-                    raise SystemExit(128 + int(signum.item()))
-
-            # CHECKPOINT
-            if (
-                args.checkpoint_interval
-                and global_step % args.checkpoint_interval == 0
-                and global_step < args.total_timesteps
-            ):
-                check_finite()
-                last_checkpoint = write_checkpoint()
-        check_finite()
-        write_checkpoint()
-        if distributed:
-            dist.destroy_process_group()
-    except FloatingPointError as e:
-        if is_main:  # raised on every rank alike
-            print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            if due:
+                state = {  # shared by the ranks
+                    "actor": actor.state_dict(),
+                    "qf1": qf1.state_dict(),
+                    "qf2": qf2.state_dict(),
+                    "qf1_target": qf1_target.state_dict(),
+                    "qf2_target": qf2_target.state_dict(),
+                    "q_optimizer": q_optimizer.state_dict(),
+                    "actor_optimizer": actor_optimizer.state_dict(),
+                    "a_optimizer": a_optimizer.state_dict(),
+                    "log_alpha": log_alpha.detach().cpu(),
+                    "global_step": global_step,
+                    "updates": updates,
+                }
+                own = {  # this rank's part: everything else an exact resume needs (and its replay shard)
+                    "rng": rng_state(),
+                    "action_space_rng": envs.single_action_space.np_random.bit_generator.state,
+                    "envs": get_vector_state(envs),
+                    "next_obs": torch.from_numpy(np.array(next_obs)),
+                    "next_done": torch.from_numpy(next_done.copy()),
+                    "env_seeds": env_seeds,
+                    "parameters_sha256": [parameters_digest(n) for n in (actor, qf1, qf2, qf1_target, qf2_target)],
+                }
+                if args.checkpoint_buffer:
+                    own["replay"] = rb.state_dict()
+                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                if signum:
+                    run.exit_on_signal(signum, path, global_step)
+        ranks.close()
+    except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
+    except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
+        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
     finally:
-        progress.close()
+        run.close()
         envs.close()
-        if writer is not None:
-            writer.close()
-        if is_main and args.track:
-            wandb.finish()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ The order a script calls these in is the order of a run:
     run.close(); run.summary(global_step)                        # one closing line
 
 The resume rule (one for every script): ``--resume`` keeps the checkpoint's settings. Flags about the
-machine and the launch (``LAUNCH_FLAGS``) come from the new command line. Any other flag given on the
-command line with a value different from the checkpoint's is refused with one line and exit code 2,
-except ``--total-timesteps``, which may be raised to train longer (a note says what that does to the
-schedules).
+machine and the launch (``LAUNCH_FLAGS``) come from the new command line; flags about what the run
+writes (``OUTPUT_FLAGS``: checkpoint interval and buffer, videos) keep the checkpoint's value unless
+given again. Any other flag given with a value different from the checkpoint's is refused with one
+line and exit code 2, except ``--total-timesteps``, which may be raised to train longer (a note says
+what that does to the schedules).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, load_che
 T = TypeVar("T")
 
 # Flags that describe the machine or the launch, not the algorithm: on --resume they come from the new
-# command line (given or not); every other flag keeps the checkpoint's value.
+# command line, given or not (a new machine may have other GPUs, threads, or no W&B).
 LAUNCH_FLAGS = frozenset(
     {
         "cuda",
@@ -52,12 +53,12 @@ LAUNCH_FLAGS = frozenset(
         "track",
         "wandb_project_name",
         "wandb_entity",
-        "capture_video",
-        "checkpoint_interval",
-        "checkpoint_buffer",
         "resume",
     }
 )
+# Flags about what the run writes, not how it learns: on --resume they keep the checkpoint's value
+# unless the new command line gives one.
+OUTPUT_FLAGS = frozenset({"checkpoint_interval", "checkpoint_buffer", "capture_video"})
 
 
 def is_main_process() -> bool:
@@ -166,7 +167,8 @@ def resumed_args(args: T, checkpoint: dict[str, Any], argv: list[str] | None = N
         merged[name] = getattr(args, name)
     for name in sorted(given_flags(type(args), _cleanrl_booleans(type(args), argv)) - LAUNCH_FLAGS):
         new, old = getattr(args, name), saved.get(name)
-        if new == old:
+        if new == old or name in OUTPUT_FLAGS:
+            merged[name] = new
             continue
         if name == "total_timesteps" and old is not None:
             merged[name] = new
@@ -311,12 +313,6 @@ class StopRequested:
             raise KeyboardInterrupt
 
 
-def exit_on_signal(signum: int, path: Path | None, global_step: int) -> NoReturn:
-    """After the checkpoint a signal asked for: say where it is and exit 128 + signal number."""
-    note(f"stopped by signal {signum} at step {global_step}; checkpoint {path}")
-    raise SystemExit(128 + signum)
-
-
 # --------------------------------------------------------------------------------------------
 # Checkpoints
 # --------------------------------------------------------------------------------------------
@@ -430,13 +426,13 @@ class Run:
         returns = self.recent_returns
         self.progress.update(global_step, sps, sum(returns) / len(returns) if returns else None)
 
-    def checkpoint_due(self, global_step: int, steps_done: int, final: bool) -> bool:
-        """At the end, when a signal asks for it, or every ``--checkpoint-interval`` env steps."""
-        return (
-            final
-            or self.stop.signum is not None
-            or interval_crossed(global_step, steps_done, self.args.checkpoint_interval)
-        )
+    def checkpoint_due(self, global_step: int, steps_done: int, final: bool, signum: int | None) -> bool:
+        """At the end, when a signal asked for it, or every ``--checkpoint-interval`` env steps.
+
+        ``signum`` is this process's ``stop.signum``, or under torchrun the one all ranks agreed on:
+        never read the flag twice, a signal arriving in between would make the ranks disagree.
+        """
+        return final or bool(signum) or interval_crossed(global_step, steps_done, self.args.checkpoint_interval)
 
     def nonfinite(self, what: str, global_step: int) -> FloatingPointError:
         """The error that stops a run whose ``what`` (loss, gradient norm) is NaN or infinite."""
@@ -447,6 +443,11 @@ class Run:
     def save(self, state: dict[str, Any], global_step: int) -> Path:
         """Write ``state`` (plus the W&B id) as this run's checkpoint at ``global_step``."""
         return self.checkpoints.save({**state, "wandb_id": self.wandb_id}, global_step)
+
+    def exit_on_signal(self, signum: int, path: Path | None, global_step: int) -> NoReturn:
+        """After the checkpoint a signal asked for: say where it is and exit with 128 + the signal number."""
+        note(f"stopped by signal {signum} at step {global_step}; checkpoint {path}")
+        raise SystemExit(128 + signum)
 
     def close(self) -> None:
         self.progress.close()
