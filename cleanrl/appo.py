@@ -32,41 +32,25 @@ Resume restores the learner (model, optimizer, version, counters, RNGs); actors 
 Reference figures: benchmark/appo_throughput.sh.
 """
 
-import dataclasses
-import datetime
-import hashlib
-import importlib
 import os
-import queue
 import random
-import signal
-import sys
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
-import tyro
 from gymnasium.vector import AutoresetMode
-from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from cleanrl_utils.monitor import Progress, ResourceMonitor
+from cleanrl_utils.actors import ActorChannel, ActorPool
+from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.envs import check_env_id
 from cleanrl_utils.param_server import ParameterServer
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
 
 
 @dataclass
@@ -83,7 +67,7 @@ class Args:
     """torch intra-op threads of the learner process (actors use one each)"""
     track: bool = False
     """if toggled, also log to Weights & Biases (the API key is read from WANDB_API_KEY only)"""
-    wandb_project_name: str = "cleanrl"
+    wandb_project_name: str = "cleanRL"
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (team); None for the key's default"""
@@ -91,10 +75,10 @@ class Args:
     """if toggled, record videos of actor 0's env 0 into runs/<run-name>/videos"""
     run_name: str | None = None
     """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
-    checkpoint_interval: int = 50
-    """write a checkpoint every this many updates (0: only at the end and on Ctrl-C)"""
+    checkpoint_interval: int = 25_000
+    """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
     resume: str | None = None
-    """continue from a checkpoint file or a run directory (its newest checkpoint); the saved Args are used"""
+    """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
     actor_timeout: float = 60.0
@@ -104,11 +88,11 @@ class Args:
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment (discrete actions, vector observations)"""
     total_timesteps: int = 150_000
-    """env steps the learner trains on, summed over envs and ranks (dropped rollouts not counted)"""
+    """env steps the learners train on, summed over all envs of all ranks (dropped rollouts not counted)"""
     num_actors: int = 2
-    """actor processes per learner"""
+    """actor processes of each learner (rank)"""
     num_envs: int = 8
-    """parallel environments per learner, split evenly over its actors"""
+    """parallel environments, summed over all ranks; each learner's num_envs / WORLD_SIZE are split over its actors"""
     num_steps: int = 32
     """the number of steps per env per rollout"""
     max_policy_lag: int = 8
@@ -142,16 +126,20 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm of the gradient"""
 
+    # Distributed arguments
+    backend: Literal["nccl", "gloo"] | None = None
+    """torch.distributed backend; None: nccl when CUDA is used, else gloo"""
+    device_ids: list[int] | None = None
+    """GPU of each local rank (local rank i uses device_ids[i]); None: GPU i for local rank i"""
+    dist_timeout: float = 600.0
+    """seconds a collective may wait for the other ranks before the run fails"""
 
-def validate(args: Args, world_size: int) -> None:
+
+def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads", "num_actors")
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be a positive integer")
-    for name in ("learning_rate", "clip_coef", "actor_timeout", "max_grad_norm", "vtrace_rho_bar", "vtrace_c_bar"):
-        if not getattr(args, name) > 0:
-            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
+    require_positive(args, "num_actors", "learning_rate", "clip_coef", "actor_timeout", "max_grad_norm")
+    require_positive(args, "vtrace_rho_bar", "vtrace_c_bar", "dist_timeout")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 <= args.gae_lambda <= 1.0:
@@ -160,30 +148,24 @@ def validate(args: Args, world_size: int) -> None:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
     if args.max_policy_lag < 0:
         fail(f"--max-policy-lag {args.max_policy_lag}: must be >= 0")
-    if args.num_envs % args.num_actors != 0:
-        fail(f"--num-envs {args.num_envs}: must be a multiple of --num-actors {args.num_actors}")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
+    if args.num_envs % (ranks.world_size * args.num_actors) != 0:
         fail(
-            f"--num-minibatches {args.num_minibatches}: must divide the batch size num_envs * num_steps = {batch_size}"
+            f"--num-envs {args.num_envs}: must be a multiple of WORLD_SIZE x --num-actors = "
+            f"{ranks.world_size} x {args.num_actors}"
         )
-    if args.total_timesteps < batch_size * world_size:
+    local_batch_size = args.num_envs // ranks.world_size * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
         fail(
-            f"--total-timesteps {args.total_timesteps}: must be at least one update, num_envs * num_steps * WORLD_SIZE = {batch_size * world_size}"
+            f"--num-minibatches {args.num_minibatches}: must divide each learner's batch "
+            f"num_envs / WORLD_SIZE * num_steps = {local_batch_size}"
         )
-    module, _, env_name = args.env_id.rpartition(":")
-    try:
-        if module:  # "package.module:Env-v0" registers a custom env on import, as gym.make does
-            importlib.import_module(module)
-        gym.spec(env_name)
-    except (ImportError, gym.error.Error) as e:
-        fail(f"--env-id {args.env_id}: not a registered gymnasium environment ({e})")
-
-
-def fail(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:  # one line for the user, not one per rank
-        print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    if args.total_timesteps < args.num_envs * args.num_steps:
+        fail(
+            f"--total-timesteps {args.total_timesteps}: must be at least one update, "
+            f"num_envs * num_steps = {args.num_envs * args.num_steps}"
+        )
+    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    check_env_id(args.env_id)
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
@@ -241,19 +223,9 @@ class Agent(nn.Module):
 
 
 def vtrace(
-    behaviour_logprobs: np.ndarray,
-    target_logprobs: np.ndarray,
-    rewards: np.ndarray,
-    values: np.ndarray,
-    next_value: np.ndarray,
-    terminations: np.ndarray,
-    dones: np.ndarray,
-    gamma: float,
-    lam: float,
-    rho_bar: float,
-    c_bar: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """V-trace targets over a (num_steps, num_envs) rollout; returns (advantages v_s - V(x_s), targets v_s).
+    behaviour_logprobs, target_logprobs, rewards, values, next_value, terminations, dones, gamma, lam, rho_bar, c_bar
+):
+    """V-trace targets over a rollout of (num_steps, num_envs) arrays; returns (advantages v_s - V(x_s), targets v_s).
 
     ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation step t
     returned (the real final observation when step t ended an episode, under next-step
@@ -275,17 +247,8 @@ def vtrace(
     return advantages, advantages + values
 
 
-def ppo_loss(
-    newlogprob: torch.Tensor,
-    oldlogprob: torch.Tensor,
-    advantages: torch.Tensor,
-    newvalue: torch.Tensor,
-    oldvalue: torch.Tensor,
-    returns: torch.Tensor,
-    clip_coef: float,
-    clip_vloss: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped surrogate policy loss and (optionally clipped) value loss, both to be minimised."""
+def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef: float, clip_vloss: bool):
+    """Clipped surrogate policy loss and (optionally clipped) value loss of a minibatch, both to be minimised."""
     ratio = (newlogprob - oldlogprob).exp()
     pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
     if clip_vloss:
@@ -316,46 +279,15 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
         t.copy_(chunk.view_as(t))
 
 
-class StopRequested:
-    """Turns SIGINT/SIGTERM into a flag checked once per iteration, so the run can checkpoint and exit."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.first_at = 0.0
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):
-        # A second Ctrl-C stops at once. One within a second of the first is the same Ctrl-C arriving
-        # twice: the terminal signals the whole process group, and torchrun forwards it as well.
-        if self.signum is None:
-            self.signum, self.first_at = signum, time.monotonic()
-        elif time.monotonic() - self.first_at > 1.0:
-            raise KeyboardInterrupt
-
-
-class ActorError(RuntimeError):
-    """An actor process raised, died or stopped delivering rollouts."""
-
-
-def actor_loop(
-    actor_id: int,
-    args: Args,
-    seeds: list[int],
-    slots: dict,
-    free_slots,
-    full_slots,
-    params,
-    stop,
-    learner_pid: int,
-    video_dir: str,
-):
+def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int], slots: dict, params, video_dir: str):
     """One actor process: step its envs with the newest published policy, fill rollout slots."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the learner, which stops the actors
-    try:
+    with channel.running(actor_id):  # Ctrl-C is the learner's; an exception reaches it as one error
         torch.set_num_threads(1)
         envs = gym.vector.SyncVectorEnv(
-            [make_env(args.env_id, i, args.capture_video and actor_id == 0, video_dir) for i in range(len(seeds))],
+            [
+                make_env(args.env_id, i, bool(video_dir) and args.capture_video and actor_id == 0, video_dir)
+                for i in range(len(seeds))
+            ],
             autoreset_mode=AutoresetMode.NEXT_STEP,
         )
         obs_shape = envs.single_observation_space.shape
@@ -364,17 +296,8 @@ def actor_loop(
         version = -1
         next_obs, _ = envs.reset(seed=seeds)
         next_done = np.zeros(len(seeds), dtype=bool)
-        while not stop.is_set():
-            wait_start = time.perf_counter()
-            try:
-                slot = free_slots.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != learner_pid:  # the learner is gone: do not outlive it (and skip
-                    os._exit(0)  # flushing queues nobody reads, which would block forever)
-                continue
-            wait = time.perf_counter() - wait_start
+        while (slot := channel.take_slot()) is not None:  # None: the learner stops the actors
             version = params.pull(policy, version)
-            rollout_start = time.perf_counter()
             episodes = []
             for step in range(args.num_steps):
                 slots["obs"][slot, step] = torch.from_numpy(next_obs)
@@ -392,43 +315,28 @@ def actor_loop(
                     for i in np.flatnonzero(infos["_episode"]):
                         episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
             slots["obs"][slot, args.num_steps] = torch.from_numpy(next_obs)  # the bootstrap observation
-            full_slots.put(("rollout", actor_id, slot, version, episodes, wait, time.perf_counter() - rollout_start))
-    except Exception as e:  # the learner turns this into one clear error and stops everything
-        full_slots.put(("error", actor_id, f"{type(e).__name__}: {e}"))
-        sys.exit(1)
+            channel.deliver(actor_id, slot, version, episodes)
 
 
 def main() -> None:
-    args = tyro.cli(Args)
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    distributed = "RANK" in os.environ
-    is_main = rank == 0
-    checkpoint = None
-    if args.resume:
-        try:
-            checkpoint = load_checkpoint(resolve_resume(args.resume))
-        except CheckpointError as e:
-            fail(str(e))
-        args = Args(**checkpoint["args"])
-    validate(args, world_size)
+    ranks = Ranks.from_env()  # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them; `python` is rank 0 of 1
+    args = parse_args(Args, ranks.world_size)
+    validate(args, ranks)  # exit 2 on bad input, before any process group
+    device = ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)  # cuda:LOCAL_RANK or CPU
+    args, run_dir, checkpoint = ranks.plan(args, __file__)  # rank 0 reads the checkpoint, each rank gets its part
+    rank, world_size, distributed = ranks.rank, ranks.world_size, ranks.distributed
 
-    envs_per_actor = args.num_envs // args.num_actors
-    batch_size = args.num_envs * args.num_steps  # per learner: one rollout of every env
-    num_updates = args.total_timesteps // (batch_size * world_size)
+    local_num_envs = args.num_envs // world_size
+    envs_per_actor = local_num_envs // args.num_actors
+    batch_size = args.num_envs * args.num_steps  # of all learners: one rollout of every env
+    num_updates = args.total_timesteps // batch_size
     num_slots = 2 * args.num_actors  # the learner holds one batch while the actors fill the rest
-    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]
-    run_dir = Path("runs") / run_name
 
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if distributed:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10))
 
     probe = gym.make(args.env_id)
     obs_space, action_space = probe.observation_space, probe.action_space
@@ -443,136 +351,34 @@ def main() -> None:
             dist.broadcast(param.data, src=0)
     params = list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
-    start_update, global_step, version, wandb_id = 1, 0, 0, None
+    start_update, global_step, version = 1, 0, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        set_rng_state(checkpoint["rng"])
-        start_update, global_step = checkpoint["update"] + 1, checkpoint["global_step"]
-        version, wandb_id = checkpoint["version"], checkpoint["wandb_id"]
+        set_rng_state(checkpoint["rng"])  # this rank's own
+        start_update, global_step, version = checkpoint["update"] + 1, checkpoint["global_step"], checkpoint["version"]
 
     # SHARED MEMORY: rollout slots and the parameter server, allocated once, before the actors start.
-    slots = {
-        "obs": torch.zeros((num_slots, args.num_steps + 1, envs_per_actor, *obs_shape)),
-        "actions": torch.zeros((num_slots, args.num_steps, envs_per_actor), dtype=torch.long),
-        "logprobs": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
-        "rewards": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
-        "terminations": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
-        "dones": torch.zeros((num_slots, args.num_steps, envs_per_actor)),
-        "valid": torch.zeros((num_slots, args.num_steps, envs_per_actor), dtype=torch.bool),
-    }
+    shape = (num_slots, args.num_steps, envs_per_actor)
+    slots = {"obs": torch.zeros((num_slots, args.num_steps + 1, envs_per_actor, *obs_shape))}
+    slots |= {"actions": torch.zeros(shape, dtype=torch.long), "valid": torch.zeros(shape, dtype=torch.bool)}
+    slots |= {k: torch.zeros(shape) for k in ("logprobs", "rewards", "terminations", "dones")}
     for tensor in slots.values():
         tensor.share_memory_()
     param_server = ParameterServer(agent)
     param_server.publish(agent, version)
 
-    # ACTORS: spawn (not fork): the learner already runs torch's thread pools, which fork would copy half-alive.
-    ctx = mp.get_context("spawn")
-    free_slots, full_slots, stop_actors = ctx.Queue(), ctx.Queue(), ctx.Event()
-    for slot in range(num_slots):
-        free_slots.put(slot)
-    # Seeds never collide across actors, ranks or resumes (a resumed run starts new episodes).
-    seed_base = args.seed + 10_000_019 * (start_update - 1)
-    actors = []
-    for a in range(args.num_actors):
-        first = seed_base + (rank * args.num_actors + a) * envs_per_actor
-        proc = ctx.Process(
-            target=actor_loop,
-            args=(
-                a,
-                args,
-                list(range(first, first + envs_per_actor)),
-                slots,
-                free_slots,
-                full_slots,
-                param_server,
-                stop_actors,
-                os.getpid(),  # not the actor's os.getppid(): the learner may die before an actor starts
-                str(run_dir / "videos"),
-            ),
-            daemon=True,
-        )
-        proc.start()
-        actors.append(proc)
+    # ACTORS (cleanrl_utils/actors.py starts, supervises and stops the processes). Seeds never collide
+    # across actors, ranks or resumes (a resumed run starts new episodes).
+    seed_base = args.seed + 10_000_019 * (start_update - 1) + rank * args.num_actors * envs_per_actor
+    seeds = [[seed_base + a * envs_per_actor + i for i in range(envs_per_actor)] for a in range(args.num_actors)]
+    video_dir = str(run_dir / "videos") if ranks.is_main else None  # rank 0's actor 0 records
+    actor_args = [(args, seeds[a], slots, param_server, video_dir) for a in range(args.num_actors)]
+    actors = ActorPool(actor_loop, actor_args, num_slots, args.env_id, args.actor_timeout)
 
-    def check_actors() -> None:
-        dead = [a for a, p in enumerate(actors) if p.exitcode is not None]
-        if dead:
-            codes = ", ".join(str(actors[a].exitcode) for a in dead)
-            raise ActorError(f"actor {', '.join(map(str, dead))} of {args.env_id} died (exit code {codes})")
-
-    def next_message():
-        """The next rollout; turns an actor that raised, died or hangs into an ActorError."""
-        deadline = time.monotonic() + args.actor_timeout
-        while True:
-            try:
-                message = full_slots.get(timeout=0.5)
-            except queue.Empty:
-                check_actors()
-                if time.monotonic() > deadline:
-                    raise ActorError(
-                        f"no rollout from any actor of {args.env_id} within --actor-timeout {args.actor_timeout:g}s"
-                    ) from None
-                continue
-            if message[0] == "error":
-                raise ActorError(f"actor {message[1]} of {args.env_id} raised {message[2]}")
-            check_actors()  # the others may keep the queue busy after one of them died
-            return message
-
-    # LOGGING SETUP (rank 0; the run directory exists only from here on)
-    writer = None
-    if is_main:
-        if args.track:
-            import wandb
-
-            wandb_id = wandb_id or uuid.uuid4().hex[:12]  # kept in checkpoints so --resume continues the W&B run
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=dataclasses.asdict(args),
-                name=run_name,
-                id=wandb_id,
-                resume="allow",
-                dir=str(run_dir),
-                save_code=True,
-            )
-        writer = SummaryWriter(str(run_dir), purge_step=global_step if checkpoint is not None else None)
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
-        )
-
-    def write_checkpoint(update: int) -> Path | None:
-        """Collective under torchrun (the learners' parameter digests are gathered); rank 0 writes."""
-        digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in params)).hexdigest()
-        digests = [digest]
-        if distributed:
-            digests = [None] * world_size
-            dist.all_gather_object(digests, digest)
-        if not is_main:
-            return None
-        state = {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "args": dataclasses.asdict(args),
-            "run_name": run_name,
-            "update": update,
-            "version": version,
-            "global_step": global_step,
-            "rng": rng_state(),
-            "wandb_id": wandb_id,
-            "parameters_sha256": digests,  # one per learner: equal when the learners agree
-        }
-        return save_checkpoint(state, run_dir / "checkpoints", update)
-
-    stop = StopRequested()
-    progress = Progress(args.total_timesteps, global_step, description=run_name, enabled=args.progress and is_main)
-    monitor = ResourceMonitor(device)
-    recent_returns: deque[float] = deque(maxlen=20)
-    start_step, start_time = global_step, time.perf_counter()
-    update = start_update - 1
-    last_checkpoint: Path | None = None
+    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    writer = run.writer
     dropped = 0
     try:
         for update in range(start_update, num_updates + 1):
@@ -582,25 +388,21 @@ def main() -> None:
 
             # COLLECT: the next num_actors rollouts that are recent enough.
             wait_start = time.perf_counter()
-            batch, lags, actor_wait, actor_busy = [], [], 0.0, 0.0
+            batch, lags, episodes, actor_wait, actor_busy = [], [], [], 0.0, 0.0
             while len(batch) < args.num_actors:
-                _, actor_id, slot, behaviour_version, episodes, wait, busy = next_message()
-                actor_wait, actor_busy = actor_wait + wait, actor_busy + busy
-                for episodic_return, episodic_length in episodes:
-                    recent_returns.append(episodic_return)
-                    if is_main:
-                        writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-                        writer.add_scalar("charts/episodic_length", episodic_length, global_step)
-                lag = version - behaviour_version
+                rollout = actors.next_rollout()  # an actor that raised, died or hangs: ActorError
+                actor_wait, actor_busy = actor_wait + rollout.wait, actor_busy + rollout.busy
+                episodes += [(global_step, episodic_return, length) for episodic_return, length in rollout.episodes]
+                lag = version - rollout.version
                 if lag > args.max_policy_lag:
                     dropped += 1
-                    free_slots.put(slot)
+                    actors.release(rollout.slot)
                     continue
                 lags.append(lag)
-                batch.append(slot)
+                batch.append(rollout.slot)
             learner_wait = time.perf_counter() - wait_start
-            queue_depth = full_slots.qsize()
-            global_step += batch_size * world_size
+            queue_depth = actors.queue_depth()
+            global_step += batch_size
 
             # ADVANTAGES: V-trace under the learner's current weights. Slots are (steps, envs); the
             # batch puts the rollouts side by side as (steps, num_actors * envs_per_actor).
@@ -612,8 +414,8 @@ def main() -> None:
                     obs_all[:-1].reshape((-1, *obs_shape)), b["actions"].reshape(-1).to(device)
                 )
                 next_value = agent.get_value(obs_all[-1]).cpu().numpy()
-            target_logprobs = target_logprobs.reshape(args.num_steps, args.num_envs).cpu().numpy()
-            values = values.reshape(args.num_steps, args.num_envs).cpu().numpy()
+            target_logprobs = target_logprobs.reshape(args.num_steps, local_num_envs).cpu().numpy()
+            values = values.reshape(args.num_steps, local_num_envs).cpu().numpy()
             advantages, returns = vtrace(
                 b["logprobs"].numpy(),
                 target_logprobs,
@@ -637,7 +439,7 @@ def main() -> None:
             b_returns = torch.as_tensor(returns.reshape(-1), device=device)[b_valid.to(device)]
             b_values = torch.as_tensor(values.reshape(-1), device=device)[b_valid.to(device)]
             for slot in batch:  # the batch is copied out: the actors may refill these slots now
-                free_slots.put(slot)
+                actors.release(slot)
             clipfracs = []
             comm_time = 0.0
             for _epoch in range(args.update_epochs):
@@ -673,10 +475,7 @@ def main() -> None:
                         comm_time += time.perf_counter() - t0
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                     if not torch.isfinite(grad_norm):  # after the all_reduce: every rank decides the same
-                        last = last_checkpoint or "none"
-                        raise FloatingPointError(
-                            f"non-finite gradient norm at update {update}; last good checkpoint: {last}"
-                        )
+                        raise run.nonfinite("gradient norm", global_step)
                     optimizer.step()
 
             # PUBLISH the new weights for the actors.
@@ -684,67 +483,55 @@ def main() -> None:
             param_server.publish(agent, version)
             learn_time = time.perf_counter() - learn_start
 
-            # LOGGING
-            if is_main:
+            # LOGGING: rank 0 logs the episodes of every rank and the slowest rank's figures.
+            local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+            stats = {"learn_time": learn_time, "comm_time": comm_time, "queue_depth": queue_depth}
+            stats |= {"learner_idle_fraction": learner_wait / (learner_wait + learn_time), "dropped_rollouts": dropped}
+            stats |= {
+                "actor_idle_fraction": actor_wait / max(actor_wait + actor_busy, 1e-9),
+                "policy_lag": np.mean(lags),
+            }
+            gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **stats})
+            if ranks.is_main:
+                log_rank_stats(
+                    run, gathered, global_step
+                )  # episodes, perf/SPS_rank<r>, perf/<stat> of the slowest rank
                 y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
                 var_y = np.var(y_true)
                 explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-                elapsed = time.perf_counter() - start_time
-                sps = (global_step - start_step) / elapsed
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("charts/SPS", sps, global_step)
                 writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
                 writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
                 writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
                 writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
                 writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
                 writer.add_scalar("losses/explained_variance", explained_var, global_step)
-                writer.add_scalar("perf/learn_time", learn_time, global_step)
-                writer.add_scalar("perf/comm_time", comm_time, global_step)
-                writer.add_scalar("perf/learner_idle_fraction", learner_wait / (learner_wait + learn_time), global_step)
-                writer.add_scalar(
-                    "perf/actor_idle_fraction", actor_wait / max(actor_wait + actor_busy, 1e-9), global_step
-                )
-                writer.add_scalar("perf/queue_depth", queue_depth, global_step)
-                writer.add_scalar("perf/policy_lag", float(np.mean(lags)), global_step)
                 writer.add_histogram("perf/policy_lag_hist", np.array(lags), global_step)
-                writer.add_scalar("perf/dropped_rollouts", dropped, global_step)
-                for name, value in monitor.sample().items():
-                    writer.add_scalar(f"perf/{name}", value, global_step)
-                progress.update(global_step, sps, np.mean(recent_returns) if recent_returns else None)
+                run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
 
-            # CHECKPOINT: a signal on any rank stops every rank after this same update.
-            signum = torch.tensor([stop.signum or 0], device=device)
-            if distributed:
-                dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-            if signum.item():
-                path = write_checkpoint(update)
-                if is_main:
-                    print(f"stopped by signal {signum.item()} at update {update}; checkpoint {path}", file=sys.stderr)
-                raise SystemExit(128 + int(signum.item()))
-            if args.checkpoint_interval and update % args.checkpoint_interval == 0 and update < num_updates:
-                last_checkpoint = write_checkpoint(update)
-        write_checkpoint(update)
-        if distributed:
-            dist.destroy_process_group()
-    except (ActorError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+            # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
+            signum = ranks.agree_on_signal(run.stop.signum)  # every rank stops after this same update
+            if run.checkpoint_due(global_step, batch_size, update == num_updates, signum):
+                state = {  # shared by the learners
+                    "model": agent.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "update": update,
+                    "version": version,
+                    "global_step": global_step,
+                }
+                own = {"rng": rng_state(), "parameters_sha256": parameters_digest(agent)}  # this learner's part
+                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                if signum:
+                    run.exit_on_signal(signum, path, global_step)
+        ranks.close()
+    except RUN_ERRORS as e:  # a dead actor, a NaN, a failed checkpoint write: one line, exit 1
+        report_and_exit(e)
+    except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
+        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
     finally:
-        stop_actors.set()
-        for proc in actors:
-            proc.join(timeout=3)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=3)
-        for q in (free_slots, full_slots):
-            q.cancel_join_thread()
-            q.close()
-        progress.close()
-        if writer is not None:
-            writer.close()
-        if is_main and args.track:
-            wandb.finish()
+        actors.close()
+        run.close()
+    run.summary(global_step)
 
 
 if __name__ == "__main__":

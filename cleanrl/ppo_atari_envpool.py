@@ -35,7 +35,7 @@ import torch.nn as nn
 from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.envs import EnvPoolGames, EpisodeVideo
+from cleanrl_utils.envs import EnvPoolGames, EpisodeVideo, envpool_atari_task
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, start
 
 
@@ -70,7 +70,7 @@ class Args:
 
     # Algorithm specific arguments
     env_id: str = "Breakout-v5"
-    """the id of the EnvPool Atari task, e.g. Pong-v5"""
+    """the EnvPool Atari task, e.g. Pong-v5 (or an ALE id of the same game: PongNoFrameskip-v4)"""
     env_threads: int = 0
     """EnvPool worker threads (0: one per env, capped by the cores)"""
     total_timesteps: int = 10_000_000
@@ -129,16 +129,13 @@ def validate(args: Args) -> None:
             f"--total-timesteps {args.total_timesteps}: must be at least one iteration, "
             f"num_envs * num_steps = {batch_size}"
         )
-    if args.env_id not in envpool.list_all_envs():
-        fail(f"--env-id {args.env_id}: not an EnvPool task (see envpool.list_all_envs())")
-    if type(envpool.make_spec(args.env_id)).__name__ != "AtariEnvSpec":
-        fail(f"--env-id {args.env_id}: not an Atari task of EnvPool")
+    envpool_atari_task(args.env_id)  # an EnvPool Atari id, or an ALE id of the same game
 
 
 def make_envs(env_id: str, num_envs: int, seed: int, num_threads: int, capture_video: bool):
     """EnvPool runs env i with seed ``seed + i``."""
     return envpool.make(
-        env_id,
+        envpool_atari_task(env_id),
         env_type="gymnasium",
         num_envs=num_envs,
         num_threads=num_threads,

@@ -125,6 +125,20 @@ def check_env_id(env_id: str, atari: bool = False) -> None:
         fail(f"--env-id {env_id}: not an Atari (ALE) environment")
 
 
+def envpool_atari_task(env_id: str) -> str:
+    """The EnvPool Atari task ``--env-id`` names: an EnvPool id (``Breakout-v5``), or an ALE id of the
+    same game (``BreakoutNoFrameskip-v4``, ``ALE/Breakout-v5``), as CleanRL's command lines use. EnvPool's
+    v5 tasks have no sticky actions, like NoFrameskip-v4. One line and exit 2 for anything else."""
+    import envpool
+
+    name = env_id.removeprefix("ALE/").replace("NoFrameskip-v4", "-v5").replace("-v4", "-v5")
+    if name not in envpool.list_all_envs():
+        fail(f"--env-id {env_id}: not an EnvPool task (see envpool.list_all_envs())")
+    if type(envpool.make_spec(name)).__name__ != "AtariEnvSpec":
+        fail(f"--env-id {env_id}: not an Atari task of EnvPool")
+    return name
+
+
 class EnvSnapshot(gym.Wrapper):
     """Outermost wrapper of a sub-environment: exposes its whole state as the ``snapshot`` attribute.
 
