@@ -48,7 +48,7 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.actors import ActorChannel, ActorPool
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
-from cleanrl_utils.envs import check_env_id
+from cleanrl_utils.envs import EnvSnapshot, check_env_id
 from cleanrl_utils.param_server import ParameterServer
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
 
@@ -169,13 +169,15 @@ def validate(args: Args, ranks: Ranks) -> None:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making env ``idx``, wrapped in EnvSnapshot (its whole state goes into checkpoints)."""
+
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir)
         else:
             env = gym.make(env_id)
-        return gym.wrappers.RecordEpisodeStatistics(env)
+        return EnvSnapshot(env)
 
     return thunk
 
@@ -283,13 +285,10 @@ def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int
     """One actor process: step its envs with the newest published policy, fill rollout slots."""
     with channel.running(actor_id):  # Ctrl-C is the learner's; an exception reaches it as one error
         torch.set_num_threads(1)
-        envs = gym.vector.SyncVectorEnv(
-            [
-                make_env(args.env_id, i, bool(video_dir) and args.capture_video and actor_id == 0, video_dir)
-                for i in range(len(seeds))
-            ],
-            autoreset_mode=AutoresetMode.NEXT_STEP,
-        )
+        capture = bool(video_dir) and args.capture_video and actor_id == 0
+        fns = [make_env(args.env_id, i, capture, video_dir) for i in range(len(seeds))]
+        envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
         obs_shape = envs.single_observation_space.shape
         policy = Agent(int(np.prod(obs_shape)), int(envs.single_action_space.n))
         torch.manual_seed(seeds[0])

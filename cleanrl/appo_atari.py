@@ -36,7 +36,7 @@ from cleanrl_utils.actors import ActorChannel, ActorPool
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
-from cleanrl_utils.envs import EnvPoolGames, check_env_id, envpool_atari_task
+from cleanrl_utils.envs import EnvPoolGames, EnvSnapshot, check_env_id, envpool_atari_task
 from cleanrl_utils.param_server import ParameterServer
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
 
@@ -164,6 +164,8 @@ def validate(args: Args, ranks: Ranks) -> None:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making Atari env ``idx`` with the standard preprocessing, wrapped in EnvSnapshot."""
+
     def thunk():
         # frameskip=1: AtariPreprocessing skips frames (with max-pooling) and reads the screen from
         # the emulator itself, so the base env's own per-frame copy is kept small (grayscale).
@@ -172,7 +174,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
             env = gym.wrappers.RecordVideo(env, video_dir)
         else:
             env = gym.make(env_id, frameskip=1, obs_type="grayscale")
-        return wrap_atari(env)
+        return EnvSnapshot(wrap_atari(env))
 
     return thunk
 
@@ -284,7 +286,7 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
 
 
 def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int], slots: dict, params, video_dir: str):
-    """One actor process: step its envs with the newest published policy, fill rollout slots."""
+    """One actor process: step its envs (gymnasium or EnvPool) with the newest policy, fill rollout slots."""
     with channel.running(actor_id):  # Ctrl-C is the learner's; an exception reaches it as one error
         torch.set_num_threads(1)
         if args.env_backend == "envpool":
@@ -302,9 +304,7 @@ def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int
             fns = [make_env(args.env_id, i, capture, video_dir) for i in range(len(seeds))]
             envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
             next_obs, _ = envs.reset(seed=seeds)
-        assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, (
-            "the rollout below assumes next-step autoreset"
-        )
+        assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout assumes next-step autoreset"
         policy = Agent(int(envs.single_action_space.n)).to(memory_format=torch.channels_last)
         torch.manual_seed(seeds[0])
         version = -1
@@ -380,7 +380,7 @@ def main() -> None:
         set_rng_state(checkpoint["rng"])  # this rank's own
         start_update, global_step, version = checkpoint["update"] + 1, checkpoint["global_step"], checkpoint["version"]
 
-    # SHARED MEMORY: rollout slots and the parameter server, allocated once, before the actors start.
+    # SHARED MEMORY (frames as uint8): rollout slots and the parameter server, allocated once, before the actors start.
     shape = (num_slots, args.num_steps, envs_per_actor)
     slots = {"obs": torch.zeros((num_slots, args.num_steps + 1, envs_per_actor, *obs_shape), dtype=torch.uint8)}
     slots |= {"actions": torch.zeros(shape, dtype=torch.long), "valid": torch.zeros(shape, dtype=torch.bool)}

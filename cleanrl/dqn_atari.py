@@ -153,6 +153,8 @@ FRAME_STACK = 4
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making Atari env ``idx`` with the standard preprocessing, wrapped in EnvSnapshot."""
+
     def thunk():
         # frameskip=1: AtariPreprocessing skips (max-pooled) frames and reads the grayscale screen itself
         if capture_video and idx == 0:

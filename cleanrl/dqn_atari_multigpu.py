@@ -193,6 +193,8 @@ FRAME_STACK = 4
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making Atari env ``idx`` with the standard preprocessing, wrapped in EnvSnapshot."""
+
     def thunk():
         # frameskip=1: AtariPreprocessing skips (max-pooled) frames and reads the grayscale screen itself
         if capture_video and idx == 0:
@@ -289,7 +291,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    # ENV SETUP
+    # ENV SETUP: this rank's envs
     env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
     capture = args.capture_video and ranks.is_main
     envs = gym.vector.SyncVectorEnv(

@@ -136,6 +136,8 @@ def validate(args: Args) -> None:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making env ``idx``, wrapped in EnvSnapshot (its whole state goes into checkpoints)."""
+
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
@@ -312,7 +314,7 @@ def main() -> None:
             b_valid = valid.reshape(-1)
             b_obs = torch.as_tensor(obs.reshape((-1, *obs_shape))[b_valid], device=device)
             b_logprobs = torch.as_tensor(logprobs.reshape(-1)[b_valid], device=device)
-            b_actions = torch.as_tensor(actions.reshape(-1)[b_valid], device=device)
+            b_actions = torch.as_tensor(actions.reshape((-1, *actions.shape[2:]))[b_valid], device=device)
             b_advantages = torch.as_tensor(advantages.reshape(-1)[b_valid], device=device)
             b_returns = torch.as_tensor(returns.reshape(-1)[b_valid], device=device)
             b_values = torch.as_tensor(values.reshape(-1)[b_valid], device=device)

@@ -252,7 +252,7 @@ def main() -> None:
     # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
-    # ROLLOUT STORAGE in host memory: per-step numpy writes cost ~1us where a tensor copy costs ~5us.
+    # ROLLOUT STORAGE in host memory, frames as bytes: a numpy write costs ~1us where a tensor copy costs ~5us.
     # Step t holds obs_t, the action taken in it and what stepping returned.
     shape = (args.num_steps, args.num_envs)
     obs = np.zeros((*shape, *obs_shape), dtype=np.uint8)
@@ -313,7 +313,7 @@ def main() -> None:
             b_valid = valid.reshape(-1)
             b_obs = torch.as_tensor(obs.reshape((-1, *obs_shape))[b_valid], device=device)
             b_logprobs = torch.as_tensor(logprobs.reshape(-1)[b_valid], device=device)
-            b_actions = torch.as_tensor(actions.reshape(-1)[b_valid], device=device)
+            b_actions = torch.as_tensor(actions.reshape((-1, *actions.shape[2:]))[b_valid], device=device)
             b_advantages = torch.as_tensor(advantages.reshape(-1)[b_valid], device=device)
             b_returns = torch.as_tensor(returns.reshape(-1)[b_valid], device=device)
             b_values = torch.as_tensor(values.reshape(-1)[b_valid], device=device)

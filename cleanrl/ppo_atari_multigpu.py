@@ -177,6 +177,8 @@ def validate(args: Args, ranks: Ranks) -> None:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making Atari env ``idx`` with the standard preprocessing, wrapped in EnvSnapshot."""
+
     def thunk():
         # frameskip=1: AtariPreprocessing skips (max-pooled) frames and reads the grayscale screen itself
         if capture_video and idx == 0:
@@ -308,7 +310,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    # ENV SETUP
+    # ENV SETUP: this rank's envs
     env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
     capture = args.capture_video and ranks.is_main
     env_fns = [make_env(args.env_id, i, capture, str(run_dir / "videos")) for i in range(local_num_envs)]
@@ -327,7 +329,7 @@ def main() -> None:
     # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True)
 
-    # ROLLOUT STORAGE in host memory: per-step numpy writes cost ~1us where a tensor copy costs ~5us.
+    # ROLLOUT STORAGE in host memory, frames as bytes: a numpy write costs ~1us where a tensor copy costs ~5us.
     # Step t holds obs_t, the action taken in it and what stepping returned.
     shape = (args.num_steps, local_num_envs)
     obs = np.zeros((*shape, *obs_shape), dtype=np.uint8)
@@ -357,7 +359,7 @@ def main() -> None:
             env_time = inference_time = comm_time = 0.0
             episodes, local_steps = [], 0  # local_steps: optimizer steps since the last parameter average
 
-            # ROLLOUT
+            # ROLLOUT of this rank's envs; their episodes go to rank 0 with the logs
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs
@@ -391,7 +393,7 @@ def main() -> None:
             b_valid = valid.reshape(-1)
             b_obs = torch.as_tensor(obs.reshape((-1, *obs_shape))[b_valid], device=device)
             b_logprobs = torch.as_tensor(logprobs.reshape(-1)[b_valid], device=device)
-            b_actions = torch.as_tensor(actions.reshape(-1)[b_valid], device=device)
+            b_actions = torch.as_tensor(actions.reshape((-1, *actions.shape[2:]))[b_valid], device=device)
             b_advantages = torch.as_tensor(advantages.reshape(-1)[b_valid], device=device)
             b_returns = torch.as_tensor(returns.reshape(-1)[b_valid], device=device)
             b_values = torch.as_tensor(values.reshape(-1)[b_valid], device=device)

@@ -130,6 +130,8 @@ def validate(args: Args) -> None:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making env ``idx`` with flat observations, wrapped in EnvSnapshot."""
+
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
@@ -172,12 +174,17 @@ class Actor(nn.Module):
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
 
+    def gaussian(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and log standard deviation of the Gaussian before the squash."""
+        hidden = self.trunk(obs)
+        # a smooth squash of log_std into [LOG_STD_MIN, LOG_STD_MAX] keeps its gradient alive
+        return self.mean(hidden), LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (
+            torch.tanh(self.log_std(hidden)) + 1
+        )
+
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A sampled action, its log-probability (with the tanh correction) and the deterministic action."""
-        hidden = self.trunk(obs)
-        mean = self.mean(hidden)
-        # a smooth squash of log_std into [LOG_STD_MIN, LOG_STD_MAX] keeps its gradient alive
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(self.log_std(hidden)) + 1)
+        mean, log_std = self.gaussian(obs)
         std = log_std.exp()
         u = mean + std * torch.randn_like(mean)  # reparameterised sample
         y = torch.tanh(u)
@@ -357,7 +364,7 @@ def main() -> None:
             # LOGGING (and the NaN check: one per update would stall a GPU every step; no checkpoint is
             # ever written after a non-finite loss, since one is checked right before each checkpoint)
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
-            if (step % log_every == 0 or due) and not torch.isfinite(torch.stack([qf_loss, actor_loss]).detach()).all():
+            if (step % log_every == 0 or due) and not torch.isfinite(torch.stack([qf_loss, actor_loss])).all():
                 raise run.nonfinite("loss", global_step)
             if step % log_every == 0:
                 writer.add_scalar("perf/env_time", env_time, global_step)

@@ -164,6 +164,8 @@ def validate(args: Args, ranks: Ranks) -> None:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
+    """A thunk making env ``idx`` with flat observations, wrapped in EnvSnapshot."""
+
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
@@ -206,12 +208,17 @@ class Actor(nn.Module):
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
 
+    def gaussian(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and log standard deviation of the Gaussian before the squash."""
+        hidden = self.trunk(obs)
+        # a smooth squash of log_std into [LOG_STD_MIN, LOG_STD_MAX] keeps its gradient alive
+        return self.mean(hidden), LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (
+            torch.tanh(self.log_std(hidden)) + 1
+        )
+
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A sampled action, its log-probability (with the tanh correction) and the deterministic action."""
-        hidden = self.trunk(obs)
-        mean = self.mean(hidden)
-        # a smooth squash of log_std into [LOG_STD_MIN, LOG_STD_MAX] keeps its gradient alive
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(self.log_std(hidden)) + 1)
+        mean, log_std = self.gaussian(obs)
         std = log_std.exp()
         u = mean + std * torch.randn_like(mean)  # reparameterised sample
         y = torch.tanh(u)
@@ -295,7 +302,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    # ENV SETUP
+    # ENV SETUP: this rank's envs
     env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
     capture = args.capture_video and ranks.is_main
     envs = gym.vector.SyncVectorEnv(
@@ -334,7 +341,9 @@ def main() -> None:
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr)
     alpha = args.alpha
     q_params = [*qf1.parameters(), *qf2.parameters()]
-    actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())  # one buffer
+    # the actor's and the temperature's gradients travel in one buffer, and step together
+    actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())
+    actor_optimizers = [actor_optimizer, a_optimizer] if args.autotune else [actor_optimizer]
     # This rank's shard: its own envs' transitions only, buffer_size / world_size of them.
     rb = ReplayBuffer(
         args.buffer_size // world_size,
@@ -382,7 +391,7 @@ def main() -> None:
         for step in range(1, num_steps + 1):
             global_step += args.num_envs
 
-            # ACT: uniform actions until learning starts, then samples of the policy
+            # ACT: uniform actions until learning starts (each rank its own), then samples of the policy
             t0 = time.perf_counter()
             if global_step <= first_learning_step:
                 actions = np.stack([envs.single_action_space.sample() for _ in range(local_num_envs)])
@@ -429,35 +438,24 @@ def main() -> None:
                         actor_loss = (alpha * log_pi - min_q_pi).mean()
                         if args.autotune:  # the temperature's loss reaches log_alpha only: one backward for both
                             alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
-                            comm_time += step_averaged_(
-                                actor_loss + alpha_loss,
-                                actor_params,
-                                [actor_optimizer, a_optimizer],
-                                world_size,
-                                args.grad_compression,
-                            )
+                        loss = actor_loss + alpha_loss if args.autotune else actor_loss
+                        comm_time += step_averaged_(
+                            loss, actor_params, actor_optimizers, world_size, args.grad_compression
+                        )
+                        if args.autotune:
                             alpha = log_alpha.exp().item()
-                        else:
-                            comm_time += step_averaged_(
-                                actor_loss, actor_params, [actor_optimizer], world_size, args.grad_compression
-                            )
 
                 if updates % args.target_network_frequency == 0:
                     polyak_update_(qf1_target, qf1, args.tau)
                     polyak_update_(qf2_target, qf2, args.tau)
                 learn_time += time.perf_counter() - t0
 
-            # LOGGING: rank 0 logs the episodes and timings of every rank. Then the NaN check (losses
-            # all-reduced, so every rank decides the same; one check per update would stall a GPU every
-            # step; no checkpoint is ever written after a non-finite loss, one is checked right before).
+            # LOGGING (and the NaN check: one per update would stall a GPU every step; no checkpoint is
+            # ever written after a non-finite loss, since one is checked right before each checkpoint)
             signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
-            if step % log_every == 0 or due:
-                losses = torch.stack([qf_loss, actor_loss]).detach().reshape(2)
-                if distributed:
-                    all_reduce_mean_([losses], world_size)
-                if not torch.isfinite(losses).all():
-                    raise run.nonfinite("loss", global_step)
+            if (step % log_every == 0 or due) and not ranks.all_finite(qf_loss, actor_loss):
+                raise run.nonfinite("loss", global_step)
             if step % log_every == 0:
                 local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
                 timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}

@@ -238,6 +238,13 @@ class Ranks:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
 
+    def all_finite(self, *tensors: torch.Tensor) -> bool:
+        """Is every value finite on every rank? (One all_reduce, so every rank decides the same.)"""
+        bad = torch.stack([(~torch.isfinite(t.detach())).any() for t in tensors]).any().float().reshape(1)
+        if self.distributed:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return bad.item() == 0
+
     def exit_on_lost_rank(self, error: BaseException, global_step: int, last: Path | None) -> NoReturn:
         """A collective failed (timed out, or a peer vanished): name the rank(s) that stopped answering.
 

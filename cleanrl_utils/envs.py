@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import signal
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -275,7 +276,10 @@ class WorkerGuard(VectorWrapper):
             cause = f"did not answer {what} within --env-timeout {self.timeout:g}s"
             self._fail(slow or list(range(len(pipes))), cause)
         except (EOFError, BrokenPipeError, ConnectionResetError) as e:
-            dead = [i for i, proc in enumerate(self.env.processes) if proc.exitcode is not None]
+            deadline, dead = time.monotonic() + 2.0, []
+            while not dead and time.monotonic() < deadline:  # a killed worker may not be reaped yet
+                dead = [i for i, proc in enumerate(self.env.processes) if proc.exitcode is not None]
+                time.sleep(0 if dead else 0.02)
             codes = {i: self.env.processes[i].exitcode for i in dead}
             cause = (
                 "died (exit code " + ", ".join(f"{codes[i]}" for i in dead) + ")"

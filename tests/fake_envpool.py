@@ -42,8 +42,12 @@ class FakeAtariPool:
         self.pending_reset = np.zeros(num_envs, dtype=bool)
 
     def _obs(self):
+        # pixels (0, 0..3) of every frame name the observation: seed, game k, step t, game over (reset step next)
         obs = np.zeros((self.num_envs, 4, 84, 84), dtype=np.uint8)
-        obs[:, :, 0, 0] = self.t[:, None] % 256
+        obs[:, :, 0, 0] = np.array(self.seeds)[:, None] % 256
+        obs[:, :, 0, 1] = self.k[:, None] % 256
+        obs[:, :, 0, 2] = self.t[:, None] % 256
+        obs[:, :, 0, 3] = self.pending_reset[:, None]
         return obs
 
     def reset(self):

@@ -83,7 +83,40 @@ class KnownReturnsEnv(gym.Env):
         return self._obs(), reward, over and not truncated, truncated, {}
 
 
+class CountingEnv(gym.Env):
+    """Observations name themselves: [first seed, episode k, step t, 1 if final]. Episode k lasts
+    ``episode_length(seed, k)`` steps whatever the actions are (every third one truncated), so the test
+    knows exactly which observations a rollout sees and which of them are real transitions: all but
+    the final ones, whose next step under next-step autoreset only resets the env."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, continuous: bool = False):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else gym.spaces.Discrete(2)
+        self.first_seed: int | None = None
+        self.k, self.t = -1, 0
+
+    def _obs(self, final: bool):
+        return np.array([self.first_seed, self.k, self.t, float(final)], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.first_seed is None:
+            self.first_seed = 0 if seed is None else seed
+        self.k, self.t = self.k + 1, 0
+        return self._obs(False), {}
+
+    def step(self, action):
+        self.t += 1
+        over = self.t >= episode_length(self.first_seed, self.k)
+        truncated = over and episode_ends_by_truncation(self.k)
+        return self._obs(over), 1.0, over and not truncated, truncated, {}
+
+
 gym.register("KnownReturns-v0", entry_point=KnownReturnsEnv)
+gym.register("Counting-v0", entry_point=CountingEnv)
+gym.register("CountingBox-v0", entry_point=CountingEnv, kwargs={"continuous": True})
 gym.register("RaisingWorker-v0", entry_point=KnownReturnsEnv, kwargs={"fail": "raise"})
 gym.register("DyingWorker-v0", entry_point=KnownReturnsEnv, kwargs={"fail": "kill"})
 gym.register("HangingWorker-v0", entry_point=KnownReturnsEnv, kwargs={"fail": "hang"})

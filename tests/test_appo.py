@@ -19,6 +19,7 @@ from tests.conftest import (
     processes_with_marker,
     read_scalars,
     run_script,
+    same_parameters,
     script_env,
 )
 
@@ -270,3 +271,34 @@ def test_appo_rejects_bad_input(tmp_path, script, flags, fragment):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and fragment in errors[0], proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("learners", [1, 2])
+def test_appo_resumes_from_its_checkpoint(tmp_path, learners):
+    """The learners continue from the saved weights, optimizer, version and counters (actors start new episodes)."""
+    flags = ["--num-actors", "1", "--num-envs", "4", "--num-steps", "16", "--update-epochs", "2"]
+    flags += ["--total-timesteps", "1024", "--checkpoint-interval", "512", "--run-name", "r", "--no-progress"]
+    launch = [sys.executable]
+    if learners == 2:
+        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for cwd, extra in ((a, flags), (b, ["--resume", str(a / "runs/r/checkpoints/ckpt_00000512.pt"), "--no-progress"])):
+        proc = subprocess.run(
+            [*launch, str(SCRIPTS / "appo.py"), *extra],
+            cwd=cwd,
+            env=script_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = torch.load(a / "runs/r/checkpoints/ckpt_00000512.pt", weights_only=True)
+    final = final_checkpoint(b / "runs/r")
+    assert (saved["update"], saved["version"], saved["global_step"]) == (8, 8, 512)  # 64 steps per update
+    assert (final["update"], final["version"], final["global_step"]) == (16, 16, 1024)
+    assert not same_parameters(saved["model"], final["model"])
+    # Adam's step count: 16 updates x 2 epochs, so the resumed run kept the saved optimizer state
+    assert all(int(state["step"]) == 32 for state in final["optimizer"]["state"].values())
+    assert len(final["ranks"]) == learners and len({r["parameters_sha256"] for r in final["ranks"]}) == 1
+    assert min(step for step, _ in read_scalars(b / "runs/r")["charts/SPS"]) == 512 + 64  # logs go on after it

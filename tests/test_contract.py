@@ -1,0 +1,360 @@
+"""The contract every script keeps: CleanRL's command lines, the resume rule, device choice, checkpoints
+that cannot lie, and faults that read as one line."""
+
+import importlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cleanrl_utils import distributed, run
+from cleanrl_utils.checkpoint import CheckpointError, load_checkpoint
+from tests.conftest import (
+    REPO,
+    SCRIPTS,
+    final_checkpoint,
+    processes_with_marker,
+    read_scalars,
+    run_script,
+    same_parameters,
+    script_env,
+)
+
+ALL = sorted(p.stem for p in SCRIPTS.glob("*.py") if p.name != "__init__.py")
+TORCHRUN = ["ppo_atari_multigpu", "dqn_atari_multigpu", "sac_continuous_action_multigpu", "appo", "appo_atari"]
+
+
+def parse(script: str, argv: list[str], world_size: int = 1):
+    """What the script makes of ``argv`` (CleanRL's spellings included), validated as the script does."""
+    module = importlib.import_module(f"cleanrl.{script}")
+    args = run.parse_args(module.Args, world_size, argv)
+    if script in TORCHRUN:
+        module.validate(args, distributed.Ranks(world_size=world_size, local_world_size=world_size))
+    else:
+        module.validate(args)
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# CleanRL's documented command lines keep their meaning
+# --------------------------------------------------------------------------------------------
+# (script, the flags of a command line from CleanRL's README, docs or benchmark scripts, world size,
+# what it must mean here)
+CLEANRL_LINES = [
+    ("ppo", "--env-id CartPole-v1", 1, {"env_id": "CartPole-v1"}),
+    ("ppo", "--no_cuda --track --capture_video", 1, {"cuda": False, "track": True, "capture_video": True}),
+    ("ppo", "--env-id CartPole-v1 --total-timesteps 100000 --track --capture_video", 1, {"total_timesteps": 100000}),
+    ("ppo_atari", "--env-id BreakoutNoFrameskip-v4 --track --capture_video", 1, {"num_envs": 8, "num_steps": 128}),
+    ("ppo_atari_envpool", "--env-id BreakoutNoFrameskip-v4", 1, {"env_id": "BreakoutNoFrameskip-v4"}),
+    ("ppo_atari_envpool", "--env-id Breakout-v5 --track --capture_video", 1, {"env_id": "Breakout-v5"}),
+    ("ppo_continuous_action", "--env-id Hopper-v4", 1, {"num_steps": 2048, "num_minibatches": 32}),
+    (
+        "ppo_continuous_action",
+        "--exp-name ppo_continuous_action_8M --total-timesteps 8000000 --no_cuda --track",
+        1,
+        {"exp_name": "ppo_continuous_action_8M", "total_timesteps": 8000000},
+    ),
+    ("ppo_atari_multigpu", "--env-id BreakoutNoFrameskip-v4", 2, {"num_envs": 16, "local_num_envs": 8}),
+    ("ppo_atari_multigpu", "--env-id BreakoutNoFrameskip-v4 --local-num-envs=4", 2, {"num_envs": 8}),
+    ("ppo_atari_multigpu", "--local-num-envs 4 --track --capture_video", 2, {"num_envs": 8, "local_num_envs": 4}),
+    ("ppo_atari_multigpu", "--env-id BreakoutNoFrameskip-v4 --backend nccl --no-cuda", 2, None),  # exit 2 on a CPU
+    ("ppo_atari_multigpu", "--num-envs 8 --num-steps 32 --total-timesteps 256", 2, {"local_num_envs": 4}),
+    ("dqn", "--env-id CartPole-v1", 1, {"target_network_frequency": 128}),
+    ("dqn_atari", "--env-id PongNoFrameskip-v4", 1, {"target_network_frequency": 1000, "buffer_size": 1_000_000}),
+    ("sac_continuous_action", "--env-id Hopper-v4 --autotune False --alpha 0.2", 1, {"autotune": False, "alpha": 0.2}),
+    ("sac_continuous_action", "--track", 1, {"track": True}),
+]
+
+
+@pytest.mark.parametrize(
+    "script, line, world_size, meaning", CLEANRL_LINES, ids=[f"{s} {x}" for s, x, *_ in CLEANRL_LINES]
+)
+def test_cleanrl_command_lines_keep_their_meaning(script, line, world_size, meaning, capsys):
+    if meaning is None:  # NCCL on a machine without CUDA: one line, exit 2
+        with pytest.raises(SystemExit) as e:
+            parse(script, line.split(), world_size)
+        assert e.value.code == 2 and "--backend nccl: needs CUDA" in capsys.readouterr().err
+        return
+    args = parse(script, line.split(), world_size)
+    assert {k: getattr(args, k) for k in meaning} == meaning
+
+
+@pytest.mark.parametrize("script", ALL)
+def test_wandb_project_is_cleanrls(script):
+    assert importlib.import_module(f"cleanrl.{script}").Args().wandb_project_name == "cleanRL"
+
+
+def test_num_envs_and_local_num_envs_together_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse("dqn_atari_multigpu", ["--num-envs", "4", "--local-num-envs", "2"], 2)
+    assert e.value.code == 2
+    assert "--num-envs 4 and --local-num-envs 2: give one (num_envs = local_num_envs x WORLD_SIZE, here 2)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_dqn_target_network_frequency_counts_env_steps(tmp_path):
+    """As in CleanRL: the target is a copy of the Q-network made every target_network_frequency env steps."""
+    flags = ["--learning-starts", "200", "--train-frequency", "16", "--gradient-steps", "4", "--batch-size", "32"]
+    flags += ["--target-network-frequency", "64", "--checkpoint-interval", "0"]
+    for total, copied_now in ((256, True), (288, False)):  # 256 = 4 x 64: copied after that step's update
+        cwd = tmp_path / str(total)
+        cwd.mkdir()
+        run_script("dqn.py", *flags, "--total-timesteps", str(total), "--run-name", "r", cwd=cwd)
+        ckpt = final_checkpoint(cwd / "runs/r")
+        assert same_parameters(ckpt["model"], ckpt["target"]) == copied_now, total
+
+
+# --------------------------------------------------------------------------------------------
+# The resume rule
+# --------------------------------------------------------------------------------------------
+SMALL_PPO = ["--num-envs", "2", "--num-steps", "32", "--update-epochs", "1", "--num-minibatches", "2"]
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    """A finished 128-step ppo.py run with a checkpoint every 64 steps."""
+    cwd = tmp_path_factory.mktemp("ppo_run")
+    run_script(
+        "ppo.py", *SMALL_PPO, "--total-timesteps", "128", "--checkpoint-interval", "64", "--run-name", "r", cwd=cwd
+    )
+    return cwd
+
+
+def test_resume_refuses_a_changed_setting(ppo_run, tmp_path):
+    proc = run_script("ppo.py", "--resume", str(ppo_run / "runs/r"), "--gamma", "0.9", cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        "error: --gamma 0.9: the checkpoint was trained with 0.98; --resume keeps the checkpoint's settings "
+        "(drop the flag, or start a new run)"
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_takes_machine_flags_from_the_new_launch_and_may_train_longer(ppo_run, tmp_path):
+    midway = ppo_run / "runs/r/checkpoints/ckpt_00000064.pt"
+    # the same value of a setting, a machine flag, an output flag and a longer run are all accepted
+    proc = run_script(
+        "ppo.py", "--resume", str(midway), "--num-envs", "2", "--threads", "2", "--checkpoint-interval", "0",
+        "--total-timesteps", "256", cwd=tmp_path,
+    )  # fmt: skip
+    assert (
+        "--total-timesteps 256: training past the checkpoint's 128 steps; the learning rate now anneals linearly "
+        "to 0 at step 256 instead of 128, so at step 64 it rises from 50% to 75% of --learning-rate"
+    ) in proc.stderr
+    final = final_checkpoint(tmp_path / "runs/r")
+    assert final["global_step"] == 256
+    assert final["args"]["threads"] == 2 and final["args"]["total_timesteps"] == 256
+    lr = dict(read_scalars(tmp_path / "runs/r")["charts/learning_rate"])
+    assert lr[128] == pytest.approx(1e-3 * (1 - 1 / 4))  # iteration 2 of 4: the schedule of the new total
+
+
+def test_resume_cannot_shorten_below_what_was_trained(ppo_run, tmp_path):
+    proc = run_script(
+        "ppo.py", "--resume", str(ppo_run / "runs/r"), "--total-timesteps", "64", cwd=tmp_path, check=False
+    )
+    assert proc.returncode == 2
+    assert "--total-timesteps 64: the checkpoint has already trained 128 steps" in proc.stderr
+
+
+def test_resume_refuses_another_scripts_checkpoint(ppo_run, tmp_path):
+    path = ppo_run / "runs/r/checkpoints/ckpt_00000128.pt"
+    proc = run_script("dqn.py", "--resume", str(path), cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert f"error: checkpoint {path} was written by ppo.py, not by dqn.py" in proc.stderr.splitlines()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_directory_with_checkpoints_is_not_overwritten(ppo_run):
+    proc = run_script("ppo.py", *SMALL_PPO, "--total-timesteps", "64", "--run-name", "r", cwd=ppo_run, check=False)
+    assert proc.returncode == 2
+    assert "error: runs/r holds checkpoints: pass --resume runs/r or another --run-name" in proc.stderr
+
+
+def test_a_run_ends_with_one_summary_line(ppo_run, tmp_path):
+    proc = run_script("ppo.py", *SMALL_PPO, "--total-timesteps", "128", "--run-name", "s", cwd=tmp_path)
+    line = proc.stdout.strip().splitlines()[-1]
+    pattern = (
+        r"done: 128 steps \(128 in [0-9.]+s, [0-9,]+ SPS\); (mean return [0-9.]+ over the last \d+ episodes|no episode ended); "
+        r"run runs/s, checkpoint runs/s/checkpoints/ckpt_00000128.pt; tensorboard --logdir runs"
+    )
+    assert re.fullmatch(pattern, line), line
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints that cannot lie
+# --------------------------------------------------------------------------------------------
+def test_a_damaged_checkpoint_is_refused(ppo_run, tmp_path):
+    data = bytearray((ppo_run / "runs/r/checkpoints/ckpt_00000128.pt").read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(damaged)
+    proc = run_script("ppo.py", "--resume", str(damaged), cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: checkpoint {damaged} is") and "corrupt" in errors[0]
+
+
+def test_a_checkpoint_of_an_older_layout_is_refused(tmp_path):
+    old = tmp_path / "old.pt"
+    torch.save({"format_version": 1, "model": {}}, old)
+    with pytest.raises(CheckpointError, match=r"has layout version 1, this version of the scripts reads layout 2"):
+        load_checkpoint(old)
+
+
+def _fill(path) -> None:
+    """Take every free byte of the filesystem ``path`` is on."""
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
+def test_a_failed_write_keeps_the_last_checkpoint_and_leaves_no_temporary_file(tmp_path):
+    """A write the disk refuses (here: a file size limit, as a full disk would) is one error; nothing is lost."""
+    code = f"""
+import resource, signal, sys, torch
+sys.path.insert(0, {str(REPO)!r})
+from cleanrl_utils.checkpoint import CheckpointError, save_checkpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+save_checkpoint({{"x": torch.zeros(1000)}}, {str(tmp_path)!r}, 1)
+try:
+    save_checkpoint({{"x": torch.zeros(1_000_000)}}, {str(tmp_path)!r}, 2)
+except CheckpointError as e:
+    print(e)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"writing checkpoint {tmp_path}/ckpt_00000002.pt failed (")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_00000001.pt"]  # no temporary file left
+    assert load_checkpoint(tmp_path / "ckpt_00000001.pt")["x"].shape == (1000,)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB filesystem (tmpfs), so a run can really fill it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_stops_the_run_with_one_line(small_disk, marker):
+    cmd = [sys.executable, str(SCRIPTS / "ppo.py"), "--no-progress", *SMALL_PPO, "--run-name", "r"]
+    cmd += ["--total-timesteps", "100000", "--checkpoint-interval", "64"]
+    proc = subprocess.Popen(
+        cmd, cwd=small_disk, env=script_env({"CLEANRL_TEST_MARKER": marker}), stderr=subprocess.PIPE, text=True
+    )
+    checkpoints = small_disk / "runs/r/checkpoints"
+    deadline = time.monotonic() + 120
+    while len(list(checkpoints.glob("ckpt_*.pt"))) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    _fill(small_disk / "ballast")  # the next checkpoint meets a full disk
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    left = sorted(checkpoints.iterdir())
+    assert re.fullmatch(
+        r"error: writing checkpoint runs/r/checkpoints/ckpt_\d{8}.pt failed \(.+\); "
+        rf"last good checkpoint: runs/r/checkpoints/{left[-1].name}",
+        errors[0],
+    ), errors[0]
+    assert all(p.name.startswith("ckpt_") for p in left)  # no temporary file
+    (small_disk / "ballast").unlink()
+    load_checkpoint(left[-1])  # intact
+
+
+# --------------------------------------------------------------------------------------------
+# Devices, and a rank that stops answering
+# --------------------------------------------------------------------------------------------
+def test_each_local_rank_gets_its_own_gpu(monkeypatch):
+    """On CPU, with CUDA faked: the device follows LOCAL_RANK (or --device-ids) in every torchrun script."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    for local_rank, device_ids, expected in ((0, None, 0), (1, None, 1), (3, None, 3), (1, [2, 3], 3), (0, [2, 3], 2)):
+        monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+        monkeypatch.delenv("RANK", raising=False)  # no process group in this test
+        device = distributed.Ranks.from_env().start(True, None, device_ids, 10.0)
+        assert device == torch.device("cuda", expected) and chosen[-1] == device
+    assert distributed.Ranks.from_env().start(False, None, [2, 3], 10.0) == torch.device("cpu")
+    for script in TORCHRUN:  # the APPO learners too: no script picks its device by itself
+        source = (SCRIPTS / f"{script}.py").read_text()
+        assert "ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)" in source, script
+        assert 'torch.device("cuda"' not in source, script
+
+
+@pytest.mark.parametrize(
+    "device_ids, local_world_size, backend, message",
+    [
+        ([0, 0], 2, None, "--device-ids [0, 0]: NCCL needs a different GPU for every process (or use --backend gloo)"),
+        ([0, 7], 2, None, "--device-ids [0, 7]: GPU 7 does not exist (this node has 4)"),
+        ([0], 2, None, "--device-ids [0]: needs one GPU per local process (LOCAL_WORLD_SIZE=2)"),
+        (None, 8, None, "8 processes on this node but only 4 GPUs (use --device-ids or --no-cuda)"),
+    ],
+)
+def test_device_ids_are_checked(monkeypatch, capsys, device_ids, local_world_size, backend, message):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(SystemExit) as e:
+        distributed.check_devices(True, backend, device_ids, local_world_size)
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {message}\n"
+    distributed.check_devices(True, "gloo", [0, 0], 2)  # gloo may share a GPU
+
+
+def test_a_rank_that_stops_answering_is_named(tmp_path, marker):
+    """SIGSTOP on rank 1: after --dist-timeout, one line names it and the last good checkpoint."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [
+        str(SCRIPTS / "ppo_atari_multigpu.py"),
+        "--no-progress",
+        "--no-cuda",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "32",
+    ]
+    cmd += ["--update-epochs", "1", "--total-timesteps", "100000", "--checkpoint-interval", "64", "--dist-timeout", "8"]
+    cmd += ["--run-name", "r"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=script_env({"CLEANRL_TEST_MARKER": marker}), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not list((tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        rank1 = next(
+            p
+            for p in processes_with_marker(marker)
+            if p.environ().get("RANK") == "1" and "ppo_atari_multigpu" in " ".join(p.cmdline())
+        )
+        rank1.send_signal(signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        for p in processes_with_marker(marker):
+            p.send_signal(signal.SIGKILL)
+    assert proc.returncode != 0
+    lines = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, out[-3000:]
+    last = sorted((tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt"))[-1]
+    assert re.fullmatch(
+        rf"error: rank 1 stopped answering: no reply within --dist-timeout 8s at step \d+; "
+        rf"last good checkpoint: runs/r/checkpoints/{last.name}",
+        lines[0],
+    ), lines[0]
