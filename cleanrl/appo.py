@@ -3,12 +3,12 @@
 Launch:
     python cleanrl/appo.py                                   # CartPole-v1, 2 actors x 4 envs
     python cleanrl/appo.py --num-actors 4 --num-envs 16
-    torchrun --standalone --nproc_per_node=2 cleanrl/appo.py # 2 learners, each with its own actors
+    torchrun --standalone --nproc_per_node=2 cleanrl/appo.py --num-envs 16  # 2 learners, 2 actors x 4 envs each
     python cleanrl/appo.py --resume runs/<run-name>
 
 Architecture:
-  * actors: ``--num-actors`` processes, each stepping ``num_envs / num_actors`` envs (a gymnasium
-    vector env) with a CPU copy of the policy. A rollout (``num_steps`` steps of every env of the
+  * actors: ``--num-actors`` processes per learner, each stepping ``num_envs / (WORLD_SIZE x
+    num_actors)`` envs (a gymnasium vector env) with a CPU copy of the policy. A rollout (``num_steps`` steps of every env of the
     actor) is written straight into one of the pre-allocated shared-memory slots; only the slot
     index (and a few episode statistics) travel through a queue, never observation arrays.
   * parameter server (cleanrl_utils/param_server.py): the learner publishes its weights with a
@@ -16,7 +16,9 @@ Architecture:
   * learner (this process): takes rollouts as they arrive, ``num_actors`` of them per update (the
     same batch as ppo.py with the same envs), and drops those more than ``--max-policy-lag``
     versions old. Under torchrun every rank runs a learner with its own actors and the learners
-    average gradients with one all_reduce of a flat buffer per minibatch.
+    average gradients with one all_reduce of a flat buffer per minibatch; ``--num-envs`` and
+    ``--total-timesteps`` are global. Device, process group and checkpoints (rank 0 writes one file
+    with every learner's RNG state) are cleanrl_utils/distributed.py's, as in ppo_atari_multigpu.py.
 
 Off-policy correction: the actors' policy lags the learner's by a few versions. Value targets
 are V-trace targets (Espeholt et al. 2018) with truncated importance weights rho = min(rho_bar,
