@@ -49,10 +49,10 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.actors import ActorChannel, ActorPool
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
 from cleanrl_utils.envs import EnvSnapshot, check_env_id
 from cleanrl_utils.param_server import ParameterServer
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
 
 @dataclass
@@ -320,11 +320,10 @@ def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int
 
 
 def main() -> None:
-    ranks = Ranks.from_env()  # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them; `python` is rank 0 of 1
-    args = parse_args(Args, ranks.world_size)
-    validate(args, ranks)  # exit 2 on bad input, before any process group
-    device = ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)  # cuda:LOCAL_RANK or CPU
-    args, run_dir, checkpoint = ranks.plan(args, __file__)  # rank 0 reads the checkpoint, each rank gets its part
+    # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
+    # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
+    ranks, args, run_dir, checkpoint = start(Args, validate, __file__)
+    device = ranks.device
     rank, world_size, distributed = ranks.rank, ranks.world_size, ranks.distributed
 
     local_num_envs = args.num_envs // world_size
@@ -337,7 +336,8 @@ def main() -> None:
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     probe = gym.make(args.env_id)
     obs_space, action_space = probe.observation_space, probe.action_space

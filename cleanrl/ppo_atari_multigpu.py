@@ -57,9 +57,9 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, to_cpu
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start, to_cpu
 from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
 
@@ -292,11 +292,10 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
 
 
 def main() -> None:
-    ranks = Ranks.from_env()  # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them; `python` is rank 0 of 1
-    args = parse_args(Args, ranks.world_size)
-    validate(args, ranks)  # exit 2 on bad input, before any process group
-    device = ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)  # cuda:LOCAL_RANK or CPU
-    args, run_dir, checkpoint = ranks.plan(args, __file__)  # rank 0 reads the checkpoint, each rank gets its part
+    # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
+    # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
+    ranks, args, run_dir, checkpoint = start(Args, validate, __file__)
+    device = ranks.device
     world_size, distributed = ranks.world_size, ranks.distributed
     local_num_envs = args.num_envs // world_size
     batch_size = args.num_envs * args.num_steps

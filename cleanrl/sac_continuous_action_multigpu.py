@@ -58,9 +58,9 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, parse_args, report_and_exit, require_positive
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
 
 @dataclass
@@ -287,11 +287,10 @@ def step_averaged_(loss: torch.Tensor, params: list, optimizers: list, world_siz
 
 
 def main() -> None:
-    ranks = Ranks.from_env()  # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them; `python` is rank 0 of 1
-    args = parse_args(Args, ranks.world_size)
-    validate(args, ranks)  # exit 2 on bad input, before any process group
-    device = ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)  # cuda:LOCAL_RANK or CPU
-    args, run_dir, checkpoint = ranks.plan(args, __file__)  # rank 0 reads the checkpoint, each rank gets its part
+    # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
+    # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
+    ranks, args, run_dir, checkpoint = start(Args, validate, __file__)
+    device = ranks.device
     world_size, distributed = ranks.world_size, ranks.distributed
     local_num_envs, local_batch_size = args.num_envs // world_size, args.batch_size // world_size
 

@@ -31,7 +31,20 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from cleanrl_utils.checkpoint import CheckpointError
-from cleanrl_utils.run import Run, RunError, fail, find_checkpoint, note, read_checkpoint, resumed_args
+from cleanrl_utils.run import Run, RunError, fail, find_checkpoint, note, parse_args, read_checkpoint, resumed_args
+
+
+def start(args_class: type, validate, script_file: str) -> tuple[Ranks, Any, Path, dict[str, Any] | None]:
+    """The torchrun scripts' start: this process's rank (from torchrun's environment), the command line,
+    validation (one line and exit 2 before any process group), the device and process group, and the
+    run plan. Returns (ranks, args, run directory, this rank's checkpoint or None); the device is
+    ``ranks.device``."""
+    ranks = Ranks.from_env()
+    args = parse_args(args_class, ranks.world_size)
+    validate(args, ranks)
+    ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)
+    args, run_dir, checkpoint = ranks.plan(args, script_file)
+    return ranks, args, run_dir, checkpoint
 
 
 def check_devices(cuda: bool, backend: str | None, device_ids: list[int] | None, local_world_size: int) -> None:

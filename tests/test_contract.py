@@ -295,7 +295,7 @@ def test_each_local_rank_gets_its_own_gpu(monkeypatch):
     assert distributed.Ranks.from_env().start(False, None, [2, 3], 10.0) == torch.device("cpu")
     for script in TORCHRUN:  # the APPO learners too: no script picks its device by itself
         source = (SCRIPTS / f"{script}.py").read_text()
-        assert "ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)" in source, script
+        assert "ranks, args, run_dir, checkpoint = start(Args, validate, __file__)" in source, script
         assert 'torch.device("cuda"' not in source, script
 
 

@@ -7,8 +7,8 @@ The groups are found from the code, not from a list:
   docstring in the other scripts: code that says it is the same thing must be the same code. A
   variant says how it differs in its docstring (or has another name);
 * inside ``main()``, the code under each section comment (``# ROLLOUT``, ``# UPDATE: ...``, up to
-  the next section comment) is grouped with the sections under the same comment in the other
-  scripts. Generic comments (``# CHECKPOINT``) head quite different code in different families, so
+  the next section comment; and the code before the first one) is grouped with the sections under
+  the same comment in the other scripts. Generic comments (``# CHECKPOINT``) head quite different code in different families, so
   here only near-copies count: code that is 90% the same as another script's section under the same
   comment is a copy that must be identical; a variant section says how it differs in its comment.
 
@@ -63,6 +63,7 @@ def groups() -> dict[str, dict[str, str]]:
             if isinstance(node, ast.FunctionDef) and node.name == "main":
                 body = lines[node.lineno : node.end_lineno]
                 starts = [i for i, line in enumerate(body) if SECTION.match(line)] + [len(body)]
+                found["main (before the first section)"][script] = _code(body[: starts[0]])
                 for a, b in zip(starts, starts[1:]):
                     found[f"main {body[a].strip()}"][script] = _code(body[a + 1 : b])
     return found
