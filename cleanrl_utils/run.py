@@ -356,9 +356,6 @@ class Checkpoints:
             raise RunError(f"{e}; last good checkpoint: {self.last or 'none'}") from None
         return self.last
 
-    def existing(self) -> list[Path]:
-        return list_checkpoints(self.directory)
-
 
 def interval_crossed(global_step: int, steps_done: int, interval: int) -> bool:
     """Did the last ``steps_done`` env steps (ending at ``global_step``) cross a multiple of ``interval``?"""
