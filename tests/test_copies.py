@@ -118,9 +118,8 @@ def test_copies_are_identical(key):
     members = copied()[key]
     reference_script, reference = next(iter(sorted(members.items())))
     for script, code in sorted(members.items()):
-        if code != reference:
-            diff = "\n".join(difflib.unified_diff(reference.splitlines(), code.splitlines(), reference_script, script))
-            pytest.fail(f"{key.splitlines()[0]} differs between {reference_script} and {script}:\n{diff}")
+        diff = "\n".join(difflib.unified_diff(reference.splitlines(), code.splitlines(), reference_script, script))
+        assert code == reference, f"{key.splitlines()[0]} differs between {reference_script} and {script}:\n{diff}"
 
 
 @pytest.mark.parametrize("key", sorted(copied()), ids=lambda k: k.splitlines()[0][:60])
