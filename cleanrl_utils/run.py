@@ -183,7 +183,7 @@ def resumed_args(args: T, checkpoint: dict[str, Any], argv: list[str] | None = N
 
 def _note_longer_run(new: int, old: int, done: int, saved: dict[str, Any]) -> None:
     if new <= done:
-        fail(f"--total-timesteps {new}: the checkpoint has already trained {done} steps; give more to train longer")
+        fail(f"--total-timesteps {new}: the checkpoint has already trained {done} steps; give more to train on")
     effects = []
     if saved.get("anneal_lr"):
         before, after = 100 * max(1 - done / old, 0), 100 * (1 - done / new)
@@ -194,7 +194,7 @@ def _note_longer_run(new: int, old: int, done: int, saved: dict[str, Any]) -> No
     if "exploration_fraction" in saved:
         effects.append(f"epsilon now decays over {saved['exploration_fraction']:g} of {new} steps")
     effects = effects or ["no schedule depends on the total"]
-    note(f"--total-timesteps {new}: training past the checkpoint's {old} steps; " + "; ".join(effects))
+    note(f"--total-timesteps {new}: the run now ends at step {new} instead of {old}; " + "; ".join(effects))
 
 
 def default_run_name(args: Any, stamp: str | None = None) -> str:

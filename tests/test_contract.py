@@ -143,7 +143,7 @@ def test_resume_takes_machine_flags_from_the_new_launch_and_may_train_longer(ppo
         "--total-timesteps", "256", cwd=tmp_path,
     )  # fmt: skip
     assert (
-        "--total-timesteps 256: training past the checkpoint's 128 steps; the learning rate now anneals linearly "
+        "--total-timesteps 256: the run now ends at step 256 instead of 128; the learning rate now anneals linearly "
         "to 0 at step 256 instead of 128, so at step 64 it rises from 50% to 75% of --learning-rate"
     ) in proc.stderr
     final = final_checkpoint(tmp_path / "runs/r")
