@@ -189,7 +189,8 @@ def _note_longer_run(new: int, old: int, done: int, saved: dict[str, Any]) -> No
         before, after = 100 * max(1 - done / old, 0), 100 * (1 - done / new)
         effects.append(
             f"the learning rate now anneals linearly to 0 at step {new} instead of {old}, "
-            f"so at step {done} it rises from {before:.0f}% to {after:.0f}% of --learning-rate"
+            f"so at step {done} it {'rises' if after > before else 'falls'} from {before:.0f}% to {after:.0f}% "
+            "of --learning-rate"
         )
     if "exploration_fraction" in saved:
         effects.append(f"epsilon now decays over {saved['exploration_fraction']:g} of {new} steps")
