@@ -281,7 +281,32 @@ def start_logging(
     writer.add_text(
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hyperparameters.items())
     )
+    writer.add_text("hardware", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hardware().items()))
     return writer, wandb_id
+
+
+def hardware() -> dict[str, str]:
+    """What the run ran on, recorded with it for throughput tables (``cleanrl_utils/plot.py``)."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cpu_count": str(os.cpu_count()),
+        "gpu": ", ".join(gpus) or "none",
+        "torch": torch.__version__,
+    }
 
 
 def stop_logging(writer, track: bool) -> None:

@@ -1,0 +1,1003 @@
+"""Hyperparameter search with Optuna over this project's scripts: parallel trials, many machines, live pruning.
+
+    python cleanrl_utils/tuner.py --algorithm ppo --env-ids BreakoutNoFrameskip-v4 PongNoFrameskip-v4 --num-trials 100
+    python cleanrl_utils/tuner.py --algorithm ppo --env-ids CartPole-v1 Acrobot-v1 --num-seeds 2 --workers 4
+    python cleanrl_utils/tuner.py --script cleanrl/dqn.py --env-ids CartPole-v1 --space my_space.json
+    # more machines join the same study (run the same command on each):
+    python cleanrl_utils/tuner.py ... --storage postgresql://user:password@db-host/optuna
+
+A trial samples the script's flags from a search space (shipped per algorithm and env family, or
+``--space FILE``: ``{"learning-rate": {"low": 1e-4, "high": 1e-2, "log": true}, "num-steps": [16, 32],
+"total-timesteps": 100000}``), checks them with the script's own validation (an impossible batch split
+fails that trial, not the tuner), then trains every (env id, seed) as its own process. While they run,
+the tuner reads their TensorBoard event files and reports the normalised score at every
+``--report-every`` of the budget, so the pruner stops a poor trial's processes early. The objective
+of a run is the mean of its last ``--metric-last-n-average-window`` episodic returns (or, with
+``--objective auc``, the area under its learning curve divided by the steps), normalised per env by
+reference scores (``cleanrl_utils/scores.py``: Atari human-normalised, classic control 0-1, or
+``--reference-scores FILE``), then aggregated over envs (mean, median or IQM) and seeds.
+
+``--workers N`` runs N trials at once on this machine (with ``--gpus`` each worker gets its own GPU
+slot, ``--trials-per-gpu`` share one). ``--num-trials`` is the study-wide number of finished
+(complete or pruned) trials, whatever the number of workers or machines. The study lives in an
+Optuna storage: SQLite by default (``runs/<study>/optuna.db``), an Optuna journal file (a path
+ending in ``.log``), or PostgreSQL to share it between machines; running the same command again
+resumes it. A worker that dies leaves its trial failed (on this machine at once; on another after
+the heartbeat's grace period) and the study goes on. A run that crashes or goes NaN fails its trial
+with the path of its log. The end prints the best trials, writes ``runs/<study>/best_params.json``
+and the command lines that reproduce the best trial.
+
+Python API (CleanRL's ``Tuner`` arguments are accepted, so its tuning examples keep working)::
+
+    Tuner(script="cleanrl/ppo.py", metric="charts/episodic_return",
+          target_scores={"CartPole-v1": [0, 500], "Acrobot-v1": [-500, 0]},
+          params_fn=lambda trial: {"learning-rate": trial.suggest_float("learning-rate", 3e-4, 3e-3, log=True),
+                                   "total-timesteps": 100000},
+          pruner=optuna.pruners.MedianPruner(n_startup_trials=5)).tune(num_trials=100, num_seeds=3)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import multiprocessing
+import os
+import re
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import optuna
+import psutil
+import tyro
+from optuna.trial import TrialState
+
+from cleanrl_utils.benchmark import (
+    _die_with_parent,
+    check_script_args,
+    device_slots,
+    last_line,
+    launch,
+    stop_group,
+    thread_env,
+)
+from cleanrl_utils.scores import AGGREGATIONS, aggregate, atari_game, load_reference_file, normalize, reference_scores
+from cleanrl_utils.tb import ScalarReader
+
+REPO = Path(__file__).resolve().parents[1]
+MUJOCO = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "InvertedPendulum", "Pusher")
+
+# --------------------------------------------------------------------------------------------
+# Search spaces: keys are the scripts' flags; {"low", "high"[, "log", "int"]} is a range,
+# a list is a choice, anything else a fixed value. The budget (total-timesteps) is fixed.
+# --------------------------------------------------------------------------------------------
+SPACES: dict[str, dict[str, Any]] = {
+    "cleanrl/ppo.py": {
+        "learning-rate": {"low": 1e-4, "high": 3e-3, "log": True},
+        "num-steps": [16, 32, 64, 128],
+        "num-minibatches": [1, 2, 4],
+        "update-epochs": [4, 10, 20],
+        "gamma": [0.95, 0.98, 0.99],
+        "gae-lambda": [0.8, 0.9, 0.95],
+        "ent-coef": [0.0, 0.001, 0.01],
+        "vf-coef": {"low": 0.25, "high": 1.0},
+        "max-grad-norm": {"low": 0.3, "high": 5.0, "log": True},
+        "total-timesteps": 100_000,
+    },
+    "cleanrl/ppo_atari.py": {
+        "learning-rate": {"low": 1e-4, "high": 1e-3, "log": True},
+        "num-steps": [64, 128, 256],
+        "num-minibatches": [2, 4, 8],
+        "update-epochs": [2, 4, 8],
+        "clip-coef": [0.1, 0.2, 0.3],
+        "ent-coef": [0.001, 0.01, 0.03],
+        "vf-coef": {"low": 0.25, "high": 1.0},
+        "total-timesteps": 2_000_000,
+    },
+    "cleanrl/ppo_continuous_action.py": {
+        "learning-rate": {"low": 1e-4, "high": 1e-3, "log": True},
+        "num-steps": [512, 1024, 2048],
+        "num-minibatches": [8, 16, 32],
+        "update-epochs": [5, 10, 20],
+        "gae-lambda": [0.9, 0.95, 0.98],
+        "ent-coef": [0.0, 0.001],
+        "total-timesteps": 500_000,
+    },
+    "cleanrl/dqn.py": {
+        "learning-rate": {"low": 1e-4, "high": 2e-3, "log": True},
+        "batch-size": [64, 128, 256],
+        "train-frequency": [4, 8, 16],
+        "gradient-steps": [1, 4, 8],
+        "target-network-frequency": [128, 500, 1000],
+        "exploration-fraction": {"low": 0.05, "high": 0.3},
+        "gamma": [0.98, 0.99],
+        "total-timesteps": 60_000,
+    },
+    "cleanrl/dqn_atari.py": {
+        "learning-rate": {"low": 3e-5, "high": 3e-4, "log": True},
+        "batch-size": [32, 64],
+        "target-network-frequency": [1000, 4000],
+        "exploration-fraction": [0.05, 0.1, 0.2],
+        "total-timesteps": 2_000_000,
+    },
+    "cleanrl/sac_continuous_action.py": {
+        "policy-lr": {"low": 1e-4, "high": 1e-3, "log": True},
+        "q-lr": {"low": 3e-4, "high": 3e-3, "log": True},
+        "batch-size": [128, 256, 512],
+        "tau": [0.005, 0.01, 0.02],
+        "gamma": [0.98, 0.99],
+        "total-timesteps": 300_000,
+    },
+    "cleanrl/appo.py": {
+        "learning-rate": {"low": 1e-4, "high": 3e-3, "log": True},
+        "num-steps": [16, 32, 64],
+        "update-epochs": [4, 10, 20],
+        "max-policy-lag": [2, 4, 8],
+        "gamma": [0.95, 0.98, 0.99],
+        "total-timesteps": 150_000,
+    },
+    "cleanrl/appo_atari.py": {
+        "learning-rate": {"low": 1e-4, "high": 1e-3, "log": True},
+        "num-steps": [64, 128],
+        "num-minibatches": [2, 4],
+        "update-epochs": [2, 4],
+        "clip-coef": [0.1, 0.2],
+        "total-timesteps": 2_000_000,
+    },
+}
+# algorithm family -> env family -> script
+FAMILIES: dict[str, dict[str, str]] = {
+    "ppo": {"classic": "cleanrl/ppo.py", "atari": "cleanrl/ppo_atari.py", "mujoco": "cleanrl/ppo_continuous_action.py"},
+    "dqn": {"classic": "cleanrl/dqn.py", "atari": "cleanrl/dqn_atari.py"},
+    "sac": {"mujoco": "cleanrl/sac_continuous_action.py"},
+    "appo": {"classic": "cleanrl/appo.py", "atari": "cleanrl/appo_atari.py"},
+}
+
+
+class TunerError(Exception):
+    """Bad input to the tuner: one line, exit code 2 from the command line."""
+
+
+def env_family(env_id: str) -> str:
+    if atari_game(env_id):
+        return "atari"
+    if env_id.split("-v")[0] in MUJOCO:
+        return "mujoco"
+    return "classic"
+
+
+def script_for(algorithm: str, env_ids: list[str]) -> str:
+    """The script of ``algorithm`` for these envs (ppo: ppo.py for classic control, ppo_atari.py for Atari...)."""
+    if algorithm not in FAMILIES:
+        raise TunerError(f"--algorithm {algorithm}: must be one of {', '.join(FAMILIES)} (or give --script)")
+    kinds = {env_family(env_id) for env_id in env_ids}
+    if len(kinds) > 1:
+        raise TunerError(f"--env-ids {' '.join(env_ids)}: mixes {' and '.join(sorted(kinds))} envs; tune them apart")
+    kind = kinds.pop()
+    if kind not in FAMILIES[algorithm]:
+        raise TunerError(f"--algorithm {algorithm}: has no script for {kind} envs ({', '.join(env_ids)})")
+    return FAMILIES[algorithm][kind]
+
+
+def load_space(path: str | Path) -> dict[str, Any]:
+    """A search space from a JSON or TOML file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as error:
+        raise TunerError(f"--space {path}: {error}") from None
+
+
+def space_params_fn(space: dict[str, Any]) -> Callable[[optuna.Trial], dict[str, Any]]:
+    """Turn a search-space dict into a CleanRL-style ``params_fn(trial) -> {flag: value}``."""
+    for key, spec in space.items():
+        if isinstance(spec, dict) and not ({"low", "high"} <= set(spec) and set(spec) <= {"low", "high", "log", "int"}):
+            raise TunerError(f"search space {key}: a range is {{low, high[, log, int]}}, got {spec}")
+        if isinstance(spec, list) and not spec:
+            raise TunerError(f"search space {key}: an empty list of choices")
+
+    def params_fn(trial: optuna.Trial) -> dict[str, Any]:
+        params = {}
+        for key, spec in space.items():
+            if isinstance(spec, dict):
+                is_int = spec.get("int", isinstance(spec["low"], int) and isinstance(spec["high"], int))
+                suggest = trial.suggest_int if is_int else trial.suggest_float
+                params[key] = suggest(key, spec["low"], spec["high"], log=spec.get("log", False))
+            elif isinstance(spec, list):
+                params[key] = trial.suggest_categorical(key, spec)
+            else:
+                params[key] = spec
+        return params
+
+    return params_fn
+
+
+def flag_args(params: dict[str, Any]) -> list[str]:
+    """``{"learning-rate": 0.001, "anneal_lr": False}`` -> ``--learning-rate 0.001 --anneal-lr False``."""
+    argv = []
+    for key, value in params.items():
+        argv += [f"--{key.replace('_', '-').lstrip('-')}", str(value)]
+    return argv
+
+
+# --------------------------------------------------------------------------------------------
+# The objective of one run, and of a trial
+# --------------------------------------------------------------------------------------------
+def run_score(steps: list[int], values: list[float], objective: str, window: int, upto: float = math.inf):
+    """The score of one run from its points up to env step ``upto``; None before any episode ended.
+
+    ``last``: the mean of the last ``window`` values. ``auc``: the area under the curve of the values
+    against env steps, divided by the steps it spans (a run that learns early scores higher).
+    """
+    points = [(s, v) for s, v in zip(steps, values) if s <= upto]
+    if not points:
+        return None
+    s, v = np.array([p[0] for p in points], dtype=np.float64), np.array([p[1] for p in points], dtype=np.float64)
+    if objective == "last" or len(points) == 1 or s[-1] == s[0]:
+        return float(v[-window:].mean())
+    return float(np.trapezoid(v, s) / (s[-1] - s[0]))
+
+
+def trial_value(scores: dict[str, list[float]], how: str) -> float:
+    """Aggregate normalised run scores ``{env_id: [score per seed]}`` into one value.
+
+    mean/median/max/min: over envs of each env's mean over seeds; iqm: over all runs pooled (rliable's IQM).
+    """
+    if how == "iqm":
+        return aggregate([s for per_env in scores.values() for s in per_env], "iqm")
+    return aggregate([float(np.mean(per_env)) for per_env in scores.values()], how)
+
+
+# --------------------------------------------------------------------------------------------
+# The tuner
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RunSpec:
+    env_id: str
+    seed: int
+    name: str
+    argv: list[str]
+    log: Path
+    run_dir: Path
+    total: int
+
+
+class Tuner:
+    """An Optuna study over one training script; ``tune(num_trials, num_seeds)`` runs it to the end."""
+
+    def __init__(
+        self,
+        script: str,
+        metric: str = "charts/episodic_return",
+        target_scores: dict[str, list[float] | None] | None = None,
+        params_fn: Callable[[optuna.Trial], dict[str, Any]] | None = None,
+        direction: str = "maximize",
+        aggregation_type: str = "average",
+        metric_last_n_average_window: int = 50,
+        sampler: optuna.samplers.BaseSampler | None = None,
+        pruner: optuna.pruners.BasePruner | None = None,
+        storage: str | None = None,
+        study_name: str = "",
+        wandb_kwargs: dict[str, Any] | None = None,
+        *,
+        env_ids: list[str] | None = None,
+        space: dict[str, Any] | None = None,
+        objective: str = "last",
+        workers: int = 1,
+        gpus: list[int] | None = None,
+        trials_per_gpu: int = 1,
+        threads_per_run: int = 1,
+        report_every: float = 0.1,
+        heartbeat: int = 60,
+        max_failures: int | None = None,
+        start_seed: int = 1,
+        progress_interval: float = 30.0,
+        poll: float = 1.0,
+        extra_args: list[str] | None = None,
+    ):
+        self.script = Path(script)
+        if not self.script.exists() and (REPO / script).exists():
+            self.script = REPO / script
+        if not self.script.exists():
+            raise TunerError(f"--script {script}: no such file")
+        # CleanRL's target_scores names the envs and their (low, high) normalisation; env_ids alone uses our tables.
+        target_scores = dict(target_scores or {})
+        self.env_ids = list(env_ids or target_scores)
+        if not self.env_ids:
+            raise TunerError("--env-ids: give at least one env id")
+        self.references = {}
+        for env_id in self.env_ids:
+            given = target_scores.get(env_id)
+            self.references[env_id] = tuple(map(float, given)) if given is not None else reference_scores(env_id)
+        missing = [env_id for env_id, ref in self.references.items() if ref is None]
+        if len(self.env_ids) > 1 and missing:
+            raise TunerError(
+                f"--env-ids {' '.join(missing)}: no reference scores to normalise with, needed to aggregate several "
+                "envs (give --reference-scores FILE)"
+            )
+        if params_fn is None:
+            params_fn = space_params_fn(space if space is not None else SPACES.get(_repo_relative(self.script), {}))
+        self.params_fn = params_fn
+        self.space = space
+        self.metric, self.direction = metric, direction
+        self.aggregation = {"average": "mean"}.get(aggregation_type, aggregation_type)
+        if self.aggregation not in AGGREGATIONS:
+            raise TunerError(f"--aggregation {aggregation_type}: must be one of {', '.join(AGGREGATIONS)}")
+        if objective not in ("last", "auc"):
+            raise TunerError(f"--objective {objective}: must be last or auc")
+        self.window, self.objective = metric_last_n_average_window, objective
+        self.sampler, self.pruner = sampler, pruner
+        self.study_name = _safe(study_name) or _safe(f"{self.script.stem}-{'-'.join(self.env_ids)}")
+        self.out_dir = Path("runs") / self.study_name
+        self.storage_url = storage or f"sqlite:///{self.out_dir / 'optuna.db'}"
+        self.wandb_kwargs = wandb_kwargs or {}
+        self.gpus, self.trials_per_gpu = list(gpus or []), trials_per_gpu
+        self.workers = workers if not self.gpus else min(workers, len(self.gpus) * trials_per_gpu)
+        self.threads_per_run, self.report_every, self.heartbeat = threads_per_run, report_every, heartbeat
+        self.max_failures, self.start_seed = max_failures, start_seed
+        self.progress_interval, self.poll = progress_interval, poll
+        self.extra_args = list(extra_args or [])
+        for name, value in (
+            ("workers", workers),
+            ("trials-per-gpu", trials_per_gpu),
+            ("threads-per-run", threads_per_run),
+        ):
+            if value < 1:
+                raise TunerError(f"--{name} {value}: must be a positive integer")
+        if not 0.0 < report_every <= 1.0:
+            raise TunerError(f"--report-every {report_every}: must be in (0, 1]")
+        if metric_last_n_average_window < 1:
+            raise TunerError(f"--metric-last-n-average-window {metric_last_n_average_window}: must be >= 1")
+
+    # ----------------------------------------------------------------------------------------
+    def storage(self, heartbeat: bool = True):
+        """A fresh storage object (one per process: database connections do not survive a fork)."""
+        url = self.storage_url
+        if "://" not in url:  # a file path: Optuna's journal file (no server, safe for processes on one machine)
+            from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(url))
+        if url.startswith("sqlite:///"):
+            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=kwargs,
+            heartbeat_interval=self.heartbeat if heartbeat else None,
+            grace_period=3 * self.heartbeat if heartbeat else None,
+        )
+
+    def config(self, num_seeds: int) -> dict[str, Any]:
+        """What makes two runs of the tuner the same study; a re-run that differs is refused."""
+        return {
+            "script": _repo_relative(self.script),
+            "env_ids": self.env_ids,
+            "num_seeds": num_seeds,
+            "start_seed": self.start_seed,
+            "metric": self.metric,
+            "objective": self.objective,
+            "window": self.window,
+            "aggregation": self.aggregation,
+            "references": {k: list(v) if v else None for k, v in self.references.items()},
+            "space": self.space,
+            "extra_args": self.extra_args,
+        }
+
+    def tune(self, num_trials: int, num_seeds: int = 1) -> optuna.trial.FrozenTrial | None:
+        if num_trials < 1 or num_seeds < 1:
+            raise TunerError(f"--num-trials {num_trials} / --num-seeds {num_seeds}: must be positive integers")
+        self.num_trials, self.num_seeds = num_trials, num_seeds
+        self.max_failures = self.max_failures or num_trials
+        self.seeds = list(range(self.start_seed, self.start_seed + num_seeds))
+        self.check_space()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        storage = self.storage(heartbeat=False)
+        study = optuna.create_study(
+            study_name=self.study_name, storage=storage, direction=self.direction, load_if_exists=True
+        )
+        config, saved = self.config(num_seeds), study.user_attrs.get("config")
+        if saved is None:
+            study.set_user_attr("config", config)
+        elif saved != config:
+            key = next(k for k in config if config[k] != saved.get(k))
+            raise TunerError(
+                f"study {self.study_name} in {self.storage_url} was started with {key}={saved.get(key)!r}, "
+                f"now {config[key]!r}: give another --study-name"
+            )
+        _dispose(storage)
+        print(
+            f"[tuner] study {self.study_name} ({self.storage_url}): {num_trials} trials of {_repo_relative(self.script)} "
+            f"on {', '.join(self.env_ids)} x {num_seeds} seeds, {self.workers} workers; join from another machine "
+            f"with the same command and --storage <shared url> --study-name {self.study_name}",
+            flush=True,
+        )
+        self.supervise()
+        return self.report()
+
+    def check_space(self) -> None:
+        """Sample once (in memory) and check every key is a flag of the script: a typo fails here, not in a trial."""
+        from cleanrl_utils.benchmark import load_script
+
+        module = load_script(self.script)
+        if not hasattr(module, "Args"):
+            return
+        flags = {f.replace("_", "-") for f in module.Args.__dataclass_fields__}
+        params = self.params_fn(optuna.create_study(direction=self.direction).ask())
+        unknown = [key for key in params if key.replace("_", "-").lstrip("-") not in flags]
+        if unknown:
+            raise TunerError(f"search space: {', '.join(unknown)} not flags of {self.script.name}")
+
+    # ----------------------------------------------------------------------------------------
+    def supervise(self) -> None:
+        """Start the workers, show progress, clean up after a worker that dies, until all have stopped."""
+        ctx = multiprocessing.get_context("fork")
+        slots = device_slots(self.gpus, self.trials_per_gpu, 1) or [{} for _ in range(self.workers)]
+        procs = {}
+        for index in range(self.workers):
+            proc = ctx.Process(target=self._worker_main, args=(index, slots[index]), daemon=False)
+            proc.start()
+            procs[index] = proc
+        storage = self.storage(heartbeat=False)
+        started, last_line_printed, last_print = time.monotonic(), "", 0.0
+        try:
+            while any(p.is_alive() for p in procs.values()) or procs:
+                for index, proc in list(procs.items()):
+                    if proc.is_alive():
+                        continue
+                    proc.join()
+                    if proc.exitcode != 0:
+                        self.clean_up_worker(storage, proc.pid, proc.exitcode)
+                    del procs[index]
+                line = self.progress_line(storage, started)
+                now = time.monotonic()
+                if line != last_line_printed or now - last_print > self.progress_interval:
+                    print(line, flush=True)
+                    last_line_printed, last_print = line, now
+                if procs:
+                    time.sleep(self.poll)
+        except KeyboardInterrupt:
+            print("[tuner] interrupted: stopping the workers (their trials are marked failed)", flush=True)
+            for proc in procs.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+            for proc in procs.values():
+                proc.join()
+            raise SystemExit(130) from None
+        finally:
+            _dispose(storage)
+
+    def clean_up_worker(self, storage, pid: int, exitcode: int) -> None:
+        """A worker died (killed, crashed): stop its runs and fail its trial, so the study goes on."""
+        state_file = self.out_dir / "workers" / f"{socket.gethostname()}-{pid}.json"
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads(state_file.read_text())
+            for pgid in state.get("pgids", []):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            study = optuna.load_study(study_name=self.study_name, storage=storage)
+            trial = next((t for t in study.get_trials(deepcopy=False) if t.number == state.get("trial")), None)
+            if trial is not None and trial.state == TrialState.RUNNING:
+                reason = f"its worker (pid {pid}) died with exit code {exitcode}"
+                storage.set_trial_user_attr(trial._trial_id, "error", reason)
+                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+                print(f"[tuner] trial {trial.number} failed: {reason}", flush=True)
+        with contextlib.suppress(OSError):
+            state_file.unlink()
+
+    def progress_line(self, storage, started: float) -> str:
+        study = optuna.load_study(study_name=self.study_name, storage=storage)
+        trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
+        count = {state: sum(t.state == state for t in trials) for state in TrialState}
+        finished = count[TrialState.COMPLETE] + count[TrialState.PRUNED]
+        best = _best(study)
+        best_text = f"best {best.value:.4g} (trial {best.number})" if best else "no complete trial yet"
+        durations = [
+            (t.datetime_complete - t.datetime_start).total_seconds()
+            for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.datetime_complete and t.datetime_start
+        ]
+        remaining = max(self.num_trials - finished, 0)
+        eta = (
+            f"ETA {np.mean(durations) * remaining / self.workers / 60:.1f} min" if durations and remaining else "ETA -"
+        )
+        return (
+            f"[tuner] {finished}/{self.num_trials} finished ({count[TrialState.COMPLETE]} complete, "
+            f"{count[TrialState.PRUNED]} pruned), {count[TrialState.RUNNING]} running, {count[TrialState.FAIL]} failed; "
+            f"{best_text}; {(time.monotonic() - started) / 60:.1f} min, {eta}"
+        )
+
+    # ----------------------------------------------------------------------------------------
+    def _worker_main(self, index: int, slot: dict[str, str]) -> None:
+        _die_with_parent()  # a killed tuner takes its workers (and through them their runs) along
+        self.interrupted = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards Ctrl-C as SIGTERM
+        self.worker_index, self.slot = index, slot
+        self.state_file = self.out_dir / "workers" / f"{socket.gethostname()}-{os.getpid()}.json"
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        sampler = copy.deepcopy(self.sampler) if self.sampler is not None else optuna.samplers.TPESampler()
+        with contextlib.suppress(AttributeError):
+            sampler.reseed_rng()  # forked workers would otherwise sample the same values
+        storage = self.storage()
+        study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler, pruner=self.pruner)
+        try:
+            while not self.interrupted:
+                fail_dead_trials(study)
+                trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
+                finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+                running = sum(t.state == TrialState.RUNNING for t in trials)
+                failed = sum(t.state == TrialState.FAIL for t in trials)
+                if finished >= self.num_trials:
+                    break
+                if failed >= self.max_failures:
+                    print(f"[tuner] {failed} trials failed (--max-failures {self.max_failures}): stopping", flush=True)
+                    break
+                if finished + running >= self.num_trials:  # the last trials run elsewhere; one may yet fail
+                    time.sleep(self.poll)
+                    continue
+                trial = study.ask()
+                ahead = [
+                    t
+                    for t in study.get_trials(
+                        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+                    )
+                    if t.number < trial.number and not t.user_attrs.get("surplus")
+                ]
+                if len(ahead) >= self.num_trials:  # another worker asked at the same moment: never overshoot
+                    trial.set_user_attr("surplus", True)
+                    study.tell(trial, state=TrialState.FAIL)
+                    continue
+                self.run_trial(study, trial)
+        finally:
+            _dispose(storage)
+            with contextlib.suppress(OSError):
+                self.state_file.unlink()
+        sys.exit(0)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.interrupted = True
+
+    def write_state(self, trial_number: int | None, procs: list) -> None:
+        self.state_file.write_text(json.dumps({"trial": trial_number, "pgids": [p.pid for p in procs]}))
+
+    def plan_runs(self, trial: optuna.Trial, params: dict[str, Any]) -> tuple[list[RunSpec] | None, str | None]:
+        """The runs of a trial, checked with the script's own validation; (None, error) if one is invalid."""
+        runs = []
+        for env_id in self.env_ids:
+            for seed in self.seeds:
+                name = f"{self.study_name}/t{trial.number:04d}/{env_id.replace('/', '-')}__{seed}"
+                flags = [*flag_args(params), *self.extra_args, "--env-id", env_id, "--seed", str(seed)]
+                args, error = check_script_args(self.script, flags)
+                if error:
+                    return None, error
+                if args is not None and hasattr(args, "progress"):
+                    flags.append("--no-progress")
+                if args is not None and hasattr(args, "threads") and "threads" not in _keys(params, self.extra_args):
+                    flags += ["--threads", str(self.threads_per_run)]
+                total = getattr(args, "total_timesteps", None) or params.get("total-timesteps") or 0
+                argv = [sys.executable, str(self.script), *flags, "--run-name", name]
+                log = self.out_dir / "logs" / f"{name.split('/', 1)[1].replace('/', '__')}.log"
+                runs.append(RunSpec(env_id, seed, name, argv, log, Path("runs") / name, int(total)))
+        return runs, None
+
+    def run_trial(self, study: optuna.Study, trial: optuna.Trial) -> None:
+        worker = {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+        trial.set_user_attr("worker", worker)
+        params = self.params_fn(trial)
+        trial.set_user_attr("params", params)  # every value passed to the runs, fixed ones included
+        runs, error = self.plan_runs(trial, params)
+        if error:
+            trial.set_user_attr("error", f"invalid: {error}")
+            study.tell(trial, state=TrialState.FAIL)
+            print(f"[tuner] trial {trial.number} not run, its values fail the script's validation: {error}", flush=True)
+            return
+        heartbeat = _Heartbeat(study, trial)
+        env = {**thread_env(self.threads_per_run), **self.slot}
+        procs = [launch(run.argv, run.log, env) for run in runs]
+        self.write_state(trial.number, procs)
+        readers = [ScalarReader(run.run_dir) for run in runs]
+        steps = [round(self.report_every * k * 100) for k in range(1, int(1 / self.report_every + 1e-9) + 1)]
+        steps = [s for s in steps if s < 100]
+        try:
+            while any(p.poll() is None for p in procs):
+                if self.interrupted:
+                    for proc in procs:
+                        stop_group(proc, signal.SIGKILL)
+                    trial.set_user_attr("error", "interrupted")
+                    study.tell(trial, state=TrialState.FAIL)
+                    return
+                time.sleep(self.poll)
+                for reader in readers:
+                    reader.update()
+                progress = min(reader.last_step() / max(run.total, 1) for reader, run in zip(readers, runs))
+                while steps and progress * 100 >= steps[0]:
+                    step = steps.pop(0)
+                    value = self.value(runs, readers, upto=step / 100)
+                    if value is None:
+                        continue
+                    trial.report(value, step)
+                    if trial.should_prune():
+                        for proc in procs:
+                            stop_group(proc, signal.SIGKILL)
+                        trial.set_user_attr("pruned_at", step)
+                        study.tell(trial, state=TrialState.PRUNED)
+                        print(f"[tuner] trial {trial.number} pruned at {step}% of its budget ({value:.4g})", flush=True)
+                        return
+            for reader in readers:
+                reader.update()
+            results = self.results(runs, readers, procs)
+            trial.set_user_attr("runs", results)
+            failed = next((r for r in results if r["returncode"] != 0), None)
+            if failed:
+                reason = (
+                    f"run {failed['run_dir']} exited {failed['returncode']}: {failed['last_line']}; log {failed['log']}"
+                )
+                trial.set_user_attr("error", reason)
+                study.tell(trial, state=TrialState.FAIL)
+                print(f"[tuner] trial {trial.number} failed: {reason}", flush=True)
+                return
+            value = self.value(runs, readers)
+            if value is None or not math.isfinite(value):
+                why = "no episode ended" if value is None else f"its score is {value}"
+                reason = f"{why}; logs in {runs[0].log.parent}"
+                trial.set_user_attr("error", reason)
+                study.tell(trial, state=TrialState.FAIL)
+                print(f"[tuner] trial {trial.number} failed: {reason}", flush=True)
+                return
+            study.tell(trial, value)
+            self.log_wandb(trial, params, results, value)
+        finally:
+            heartbeat.stop()
+            for proc in procs:
+                if proc.poll() is None:
+                    stop_group(proc, signal.SIGKILL)
+            self.write_state(None, [])
+
+    def value(self, runs: list[RunSpec], readers: list[ScalarReader], upto: float | None = None) -> float | None:
+        """The trial's aggregated normalised score from its runs' points up to ``upto`` of the budget."""
+        scores: dict[str, list[float]] = {}
+        for run, reader in zip(runs, readers):
+            series = reader.get(self.metric)
+            limit = math.inf if upto is None else upto * run.total
+            score = run_score(series.steps, series.values, self.objective, self.window, limit)
+            if score is None:
+                return None
+            scores.setdefault(run.env_id, []).append(normalize(score, self.references[run.env_id]))
+        return trial_value(scores, self.aggregation)
+
+    def results(self, runs: list[RunSpec], readers: list[ScalarReader], procs: list) -> list[dict[str, Any]]:
+        out = []
+        for run, reader, proc in zip(runs, readers, procs):
+            series = reader.get(self.metric)
+            score = run_score(series.steps, series.values, self.objective, self.window)
+            sps = reader.get("charts/SPS").values
+            out.append(
+                {
+                    "env_id": run.env_id,
+                    "seed": run.seed,
+                    "score": score,
+                    "normalized": None if score is None else normalize(score, self.references[run.env_id]),
+                    "sps": sps[-1] if sps else None,
+                    "steps": reader.last_step(),
+                    "returncode": proc.returncode,
+                    "run_dir": str(run.run_dir),
+                    "log": str(run.log),
+                    "last_line": last_line(run.log) if proc.returncode else "",
+                    "command": shlex.join(["python", _repo_relative(self.script), *run.argv[2:]]),
+                }
+            )
+        return out
+
+    def log_wandb(self, trial: optuna.Trial, params: dict[str, Any], results: list[dict], value: float) -> None:
+        """With ``wandb_kwargs`` (CleanRL's API), one W&B run per trial with its scores."""
+        if not self.wandb_kwargs:
+            return
+        import wandb
+
+        run = wandb.init(
+            **self.wandb_kwargs,
+            config=params,
+            name=f"{self.study_name}_{trial.number}",
+            group=self.study_name,
+            reinit="create_new",
+        )
+        run.log({f"{r['env_id']}_seed{r['seed']}_return": r["score"] for r in results} | {"value": value})
+        run.finish(quiet=True)
+
+    # ----------------------------------------------------------------------------------------
+    def report(self) -> optuna.trial.FrozenTrial | None:
+        """The table of the best trials, ``best_params.json`` and the command lines of the best trial."""
+        storage = self.storage(heartbeat=False)
+        study = optuna.load_study(study_name=self.study_name, storage=storage)
+        trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
+        complete = sorted(
+            (t for t in trials if t.state == TrialState.COMPLETE),
+            key=lambda t: t.value,
+            reverse=self.direction == "maximize",
+        )
+        failed = [t for t in trials if t.state == TrialState.FAIL]
+        for t in failed[-5:]:
+            print(f"[tuner] failed trial {t.number}: {t.user_attrs.get('error', 'no reason recorded')}", flush=True)
+        if not complete:
+            print("[tuner] no trial completed", flush=True)
+            _dispose(storage)
+            return None
+        print(f"\n| trial | value | {' | '.join(self.env_ids)} | params |")
+        print(f"|---|---|{'---|' * len(self.env_ids)}---|")
+        for t in complete[:5]:
+            per_env = []
+            for env_id in self.env_ids:
+                scores = [r["score"] for r in t.user_attrs.get("runs", []) if r["env_id"] == env_id]
+                per_env.append(f"{np.mean(scores):.4g}" if scores else "-")
+            params = " ".join(f"{k}={_short(v)}" for k, v in t.params.items())
+            print(f"| {t.number} | {t.value:.4g} | {' | '.join(per_env)} | {params} |")
+        best = complete[0]
+        runs = best.user_attrs.get("runs", [])
+        out = {
+            "study": self.study_name,
+            "storage": self.storage_url,
+            "trial": best.number,
+            "value": best.value,
+            "params": best.user_attrs.get("params", best.params),
+            "script": _repo_relative(self.script),
+            "runs": runs,
+        }
+        path = self.out_dir / "best_params.json"
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"\n[tuner] best trial {best.number}: value {best.value:.4g}; {path}; reproduce with:")
+        for r in runs:
+            print("  " + r["command"].replace(f" --run-name {r['run_dir'][len('runs/') :]}", ""))
+        _dispose(storage)
+        return best
+
+
+def fail_dead_trials(study: optuna.Study) -> None:
+    """Fail RUNNING trials whose worker is gone: by the storage's heartbeat (any machine), or, for a
+    worker of this machine, at once when its process no longer exists (also for the journal storage)."""
+    optuna.storages.fail_stale_trials(study)
+    host = socket.gethostname()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial.user_attrs.get("worker")
+        if not worker or worker["host"] != host:
+            continue
+        try:  # the same pid and start time: the worker still runs (a pid can be reused)
+            alive = abs(psutil.Process(worker["pid"]).create_time() - worker["started"]) < 1.0
+        except psutil.NoSuchProcess:
+            alive = False
+        if not alive:
+            with contextlib.suppress(Exception):
+                study._storage.set_trial_user_attr(
+                    trial._trial_id, "error", f"its worker (pid {worker['pid']}) is gone"
+                )
+                study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+
+
+class _Heartbeat:
+    """Records the trial's heartbeat in the storage while it runs (RDB storages with a heartbeat interval)."""
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial):
+        from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+        self.done = threading.Event()
+        storage = study._storage
+        if not (isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage)):
+            self.thread = None
+            return
+        interval = storage.get_heartbeat_interval()
+
+        def beat():
+            while True:
+                with contextlib.suppress(Exception):
+                    storage.record_heartbeat(trial._trial_id)
+                if self.done.wait(interval):
+                    return
+
+        self.thread = threading.Thread(target=beat, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+def _best(study: optuna.Study):
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
+
+
+def _dispose(storage) -> None:
+    engine = getattr(storage, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _repo_relative(path: Path) -> str:
+    path = Path(path).resolve()
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(REPO))
+    return str(path)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", name).strip("-")
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _keys(params: dict[str, Any], extra_args: list[str]) -> set[str]:
+    keys = {k.replace("-", "_") for k in params}
+    return keys | {a[2:].replace("-", "_") for a in extra_args if a.startswith("--")}
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Args:
+    env_ids: list[str]
+    """the env ids every trial trains on (the objective aggregates over them)"""
+    algorithm: Literal["ppo", "dqn", "sac", "appo"] | None = None
+    """a script family: picks the script (and its search space) for the env ids: ppo -> ppo.py or ppo_atari.py..."""
+    script: str | None = None
+    """any training script instead of --algorithm (its search space from --space)"""
+    num_trials: int = 100
+    """finished (complete or pruned) trials of the whole study, over all workers and machines"""
+    num_seeds: int = 1
+    """seeds per env in each trial"""
+    start_seed: int = 1
+    """the first seed"""
+    workers: int = 1
+    """trials at the same time on this machine"""
+    gpus: list[int] = field(default_factory=list)
+    """GPU indices; each worker gets one as its device slot (none: runs see every device)"""
+    trials_per_gpu: int = 1
+    """trials sharing one GPU at the same time"""
+    threads_per_run: int = 1
+    """OMP/torch threads of each training process"""
+    storage: str | None = None
+    """Optuna storage: a sqlite:// or postgresql:// URL, or a journal file path; default sqlite in runs/<study>/"""
+    study_name: str | None = None
+    """the study (default <script>-<env ids>); the same name and storage resume or join it"""
+    space: str | None = None
+    """a JSON or TOML search space replacing the shipped one: {"flag": {"low", "high", "log"} | [choices] | value}"""
+    fixed: list[str] = field(default_factory=list)
+    """flags fixed for every run, as KEY=VALUE (override the search space), e.g. num-envs=4"""
+    total_timesteps: int | None = None
+    """env steps of every run (overrides the search space's budget)"""
+    metric: str = "charts/episodic_return"
+    """the TensorBoard scalar the objective is computed from"""
+    objective: Literal["last", "auc"] = "last"
+    """last: mean of the last N values of the metric; auc: area under its curve per env step"""
+    metric_last_n_average_window: int = 50
+    """N of --objective last"""
+    aggregation: Literal["mean", "median", "iqm", "max", "min"] = "mean"
+    """how normalised scores are combined over envs (iqm: over all runs)"""
+    reference_scores: str | None = None
+    """a JSON file {"env-id": [low, high]} of normalisation bounds (default: built-in Atari and classic tables)"""
+    direction: Literal["maximize", "minimize"] = "maximize"
+    """the direction of the objective"""
+    sampler: Literal["tpe", "random"] = "tpe"
+    """Optuna's sampler"""
+    sampler_seed: int | None = None
+    """the sampler's seed (worker i uses seed + i); None: random"""
+    pruner: Literal["median", "percentile", "hyperband", "none"] = "median"
+    """how trials are stopped early from their live scores"""
+    pruner_startup_trials: int = 5
+    """trials that finish before pruning begins (median, percentile)"""
+    pruner_warmup: float = 0.2
+    """fraction of a run's budget before it can be pruned (median, percentile)"""
+    percentile: float = 25.0
+    """prune below this percentile (--pruner percentile)"""
+    report_every: float = 0.1
+    """report the live score to the pruner at every this fraction of the budget"""
+    heartbeat: int = 60
+    """seconds between a trial's heartbeats (RDB storages); a trial silent for 3 of them is failed"""
+    max_failures: int | None = None
+    """stop when the study has this many failed trials (default: --num-trials)"""
+    progress_interval: float = 30.0
+    """seconds between progress lines when nothing changes"""
+    track: bool = False
+    """pass --track to every run (W&B; key from WANDB_API_KEY)"""
+
+
+def make_pruner(args: Args) -> optuna.pruners.BasePruner:
+    warmup = round(args.pruner_warmup * 100)
+    if args.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=args.pruner_startup_trials, n_warmup_steps=warmup)
+    if args.pruner == "percentile":
+        return optuna.pruners.PercentilePruner(
+            args.percentile, n_startup_trials=args.pruner_startup_trials, n_warmup_steps=warmup
+        )
+    if args.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=max(1, round(args.report_every * 100)), max_resource=100)
+    return optuna.pruners.NopPruner()
+
+
+def build(args: Args) -> Tuner:
+    if (args.algorithm is None) == (args.script is None):
+        raise TunerError("give one of --algorithm (ppo, dqn, sac, appo) or --script PATH")
+    script = args.script or script_for(args.algorithm, args.env_ids)
+    if args.space:
+        space = load_space(args.space)
+    else:
+        space = dict(SPACES.get(_repo_relative(REPO / script if not Path(script).exists() else Path(script)), {}))
+    for item in args.fixed:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TunerError(f"--fixed {item}: must be KEY=VALUE")
+        space[key.lstrip("-")] = value
+    if args.total_timesteps is not None:
+        if args.total_timesteps < 1:
+            raise TunerError(f"--total-timesteps {args.total_timesteps}: must be a positive integer")
+        space["total-timesteps"] = args.total_timesteps
+    table = None
+    if args.reference_scores:
+        try:
+            table = load_reference_file(args.reference_scores)
+        except (OSError, ValueError) as error:
+            raise TunerError(f"--reference-scores {error}") from None
+    targets = {env_id: reference_scores(env_id, table) for env_id in args.env_ids}
+    sampler = (
+        optuna.samplers.RandomSampler(seed=args.sampler_seed)
+        if args.sampler == "random"
+        else optuna.samplers.TPESampler(seed=args.sampler_seed)
+    )
+    return Tuner(
+        script=script,
+        metric=args.metric,
+        target_scores=targets,
+        direction=args.direction,
+        aggregation_type=args.aggregation,
+        metric_last_n_average_window=args.metric_last_n_average_window,
+        sampler=sampler,
+        pruner=make_pruner(args),
+        storage=args.storage,
+        study_name=args.study_name or "",
+        env_ids=args.env_ids,
+        space=space,
+        objective=args.objective,
+        workers=args.workers,
+        gpus=args.gpus,
+        trials_per_gpu=args.trials_per_gpu,
+        threads_per_run=args.threads_per_run,
+        report_every=args.report_every,
+        heartbeat=args.heartbeat,
+        max_failures=args.max_failures,
+        start_seed=args.start_seed,
+        progress_interval=args.progress_interval,
+        extra_args=["--track"] if args.track else [],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        tuner = build(args)
+        best = tuner.tune(args.num_trials, args.num_seeds)
+    except TunerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0 if best is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
