@@ -277,7 +277,8 @@ def start_logging(
             dir=str(run_dir),
             save_code=True,
         )
-    writer = SummaryWriter(str(run_dir), purge_step=resumed_at)
+    # flushed every 5 s: the tuner and dashboards read the event file while the run grows
+    writer = SummaryWriter(str(run_dir), purge_step=resumed_at, flush_secs=5)
     writer.add_text(
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hyperparameters.items())
     )

@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 import tomllib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -651,7 +652,7 @@ class Tuner:
                 return
             value = self.value(runs, readers)
             if value is None or not math.isfinite(value):
-                why = "no episode ended" if value is None else f"its score is {value}"
+                why = "a run ended no episode (raise --total-timesteps)" if value is None else f"its score is {value}"
                 reason = f"{why}; logs in {runs[0].log.parent}"
                 trial.set_user_attr("error", reason)
                 study.tell(trial, state=TrialState.FAIL)
@@ -990,6 +991,9 @@ def build(args: Args) -> Tuner:
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # the heartbeat is used with ask/tell, as Optuna's own optimize() does; its notices are noise here
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     try:
         tuner = build(args)
         best = tuner.tune(args.num_trials, args.num_seeds)

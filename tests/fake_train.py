@@ -1,0 +1,84 @@
+"""A stand-in training script for the tools' tests: this project's contract (tyro Args, validate,
+runs/<run-name>/ event files with the hyperparameters table), no learning. The episodic return
+follows a known schedule: ``500 * quality * step / total_timesteps + seed / 100`` at every
+``--num-steps`` env steps, one point every ``--step-time`` seconds, so a test knows every value.
+"""
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cleanrl_utils.run import fail, parse_args, start_logging  # noqa: E402
+
+
+@dataclass
+class Args:
+    exp_name: str = "fake_train"
+    """name of this experiment"""
+    env_id: str = "CartPole-v1"
+    """the env id (only recorded)"""
+    seed: int = 1
+    """the seed (shifts the returns by seed / 100)"""
+    total_timesteps: int = 1000
+    """env steps of the run"""
+    num_steps: int = 100
+    """env steps between two logged episodes; must divide total_timesteps"""
+    quality: float = 1.0
+    """the final return is 500 * quality"""
+    step_time: float = 0.02
+    """seconds per logged episode"""
+    crash_at: float | None = None
+    """exit with code 3 at this fraction of the run"""
+    nan_at: float | None = None
+    """log a NaN return and stop as the scripts do at this fraction of the run"""
+    run_name: str | None = None
+    """the run directory under runs/"""
+    track: bool = False
+    """W&B (unused)"""
+    wandb_project_name: str = "cleanRL"
+    """W&B project (unused)"""
+    threads: int = 1
+    """threads (recorded)"""
+    progress: bool = True
+    """console progress (unused)"""
+
+
+def validate(args: Args) -> None:
+    if args.total_timesteps % args.num_steps != 0:
+        fail(f"--num-steps {args.num_steps}: must divide --total-timesteps {args.total_timesteps}")
+    if args.quality < 0:
+        fail(f"--quality {args.quality}: must be >= 0")
+
+
+def main() -> None:
+    args = parse_args(Args)
+    validate(args)
+    run_dir = Path("runs") / (args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}")
+    writer, _ = start_logging(args, run_dir, None, None)
+    with open(run_dir / "pids", "a") as f:
+        f.write(f"{os.getpid()}\n")
+    for step in range(args.num_steps, args.total_timesteps + 1, args.num_steps):
+        fraction = step / args.total_timesteps
+        if args.crash_at is not None and fraction >= args.crash_at:
+            print("error: planned crash", flush=True)
+            sys.exit(3)
+        value = 500 * args.quality * fraction + args.seed / 100
+        if args.nan_at is not None and fraction >= args.nan_at:
+            writer.add_scalar("charts/episodic_return", float("nan"), step)
+            writer.close()
+            print(f"non-finite loss at step {step}", flush=True)
+            sys.exit(1)
+        writer.add_scalar("charts/episodic_return", value, step)
+        writer.add_scalar("charts/SPS", 1000.0 + args.seed, step)
+        writer.flush()
+        time.sleep(args.step_time)
+    writer.close()
+    print(f"done: {args.total_timesteps} steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()
