@@ -43,6 +43,10 @@ class Args:
     """W&B project (unused)"""
     threads: int = 1
     """threads (recorded)"""
+    sps: float = 1000.0
+    """the charts/SPS logged (plus the seed)"""
+    world_size: int = 1
+    """recorded as the distributed scripts record theirs"""
     progress: bool = True
     """console progress (unused)"""
 
@@ -73,7 +77,7 @@ def main() -> None:
             print(f"non-finite loss at step {step}", flush=True)
             sys.exit(1)
         writer.add_scalar("charts/episodic_return", value, step)
-        writer.add_scalar("charts/SPS", 1000.0 + args.seed, step)
+        writer.add_scalar("charts/SPS", args.sps + args.seed, step)
         writer.flush()
         time.sleep(args.step_time)
     writer.close()

@@ -1,0 +1,370 @@
+"""Learning curves, aggregate metrics and tables from the runs' TensorBoard event files, read in full.
+
+    python -m cleanrl_utils.plot runs/ --out plots/
+    python -m cleanrl_utils.plot runs/bench1 runs/bench2 --out plots/ --baseline ppo_atari --last 20
+
+Every directory holding event files under the given paths is one run, grouped by script (its
+``exp_name``) and env id, both read from the hyperparameters the run recorded (or parsed from a
+``<env>__<exp>__<seed>`` run name). Writes into ``--out``:
+
+- ``curves.png``: one panel per env, the episodic return against env steps (top row) and against
+  wall-clock time (bottom row); per script the mean over seeds on a common grid and a 95% bootstrap
+  confidence band;
+- ``final_returns.{md,csv}``: per script and env, the final return (mean of each run's last ``--last``
+  episodes) as mean +- std and IQM over seeds;
+- ``throughput.{md,csv}``: per script, env and world size, SPS (the run's own ``charts/SPS``, which
+  leaves out start-up), wall time, speed-up against the ``--baseline`` row and scaling efficiency
+  (speed-up / world-size ratio), and the hardware the run recorded;
+- ``aggregate.{md,csv}``: with rliable, IQM, mean, median and optimality gap of the normalised final
+  scores over envs (``cleanrl_utils/scores.py``'s reference scores), with 95% stratified bootstrap
+  intervals, and the probability of improvement of each script over each other.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+from cleanrl_utils.scores import iqm, normalize, reference_scores
+from cleanrl_utils.tb import ScalarReader, parse_table
+
+
+@dataclass
+class RunData:
+    path: Path
+    exp: str
+    env_id: str
+    seed: int
+    world_size: int
+    steps: np.ndarray
+    returns: np.ndarray
+    times: np.ndarray  # seconds since the run's first event
+    sps: float
+    wall: float
+    total_steps: int
+    hardware: dict[str, str] = field(default_factory=dict)
+
+
+def find_runs(paths: list[Path], metric: str) -> list[RunData]:
+    runs = []
+    dirs = sorted({p.parent for root in paths for p in Path(root).rglob("events.out.tfevents.*")})
+    for run_dir in dirs:
+        reader = ScalarReader(run_dir).update()
+        series = reader.get(metric)
+        if not series.steps:
+            continue
+        hp = reader.hyperparameters()
+        parts = run_dir.name.split("__")
+        exp = hp.get("exp_name") or (parts[1] if len(parts) >= 3 else run_dir.name)
+        env_id = hp.get("env_id") or parts[0]
+        seed = int(hp.get("seed") or (parts[2] if len(parts) >= 3 and parts[2].isdigit() else 0))
+        start = min(s.wall_times[0] for s in reader.series.values() if s.wall_times)
+        end = max(s.wall_times[-1] for s in reader.series.values() if s.wall_times)
+        sps_values = reader.get("charts/SPS").values
+        total = reader.last_step()
+        runs.append(
+            RunData(
+                path=run_dir,
+                exp=exp,
+                env_id=env_id,
+                seed=seed,
+                world_size=int(hp.get("world_size", 1)),
+                steps=np.asarray(series.steps, dtype=np.float64),
+                returns=np.asarray(series.values, dtype=np.float64),
+                times=np.asarray(series.wall_times, dtype=np.float64) - start,
+                sps=float(sps_values[-1]) if sps_values else total / max(end - start, 1e-9),
+                wall=end - start,
+                total_steps=total,
+                hardware=parse_table(reader.texts.get("hardware", "")),
+            )
+        )
+    return runs
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` episodes (the first points average what there is)."""
+    if window <= 1:
+        return values
+    cumsum = np.cumsum(np.insert(values, 0, 0.0))
+    counts = np.minimum(np.arange(1, len(values) + 1), window)
+    return (cumsum[1:] - cumsum[np.arange(1, len(values) + 1) - counts]) / counts
+
+
+def bootstrap_band(curves: np.ndarray, reps: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """95% bootstrap interval of the mean over seeds (rows) at each grid point (columns)."""
+    if len(curves) == 1:
+        return curves[0], curves[0]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(curves), size=(reps, len(curves)))
+    means = curves[picks].mean(axis=1)
+    return np.percentile(means, 2.5, axis=0), np.percentile(means, 97.5, axis=0)
+
+
+def curve(group: list[RunData], x: str, window: int, points: int = 100):
+    """(grid, mean, low, high) over the group's seeds; the grid ends where the shortest run ends."""
+    xs = [getattr(r, x) for r in group]
+    end = min(v[-1] for v in xs)
+    grid = np.linspace(0.0, end, points)
+    curves = np.stack([np.interp(grid, v, smooth(r.returns, window)) for v, r in zip(xs, group)])
+    low, high = bootstrap_band(curves)
+    return grid, curves.mean(axis=0), low, high
+
+
+def groups_of(runs: list[RunData]) -> dict[tuple[str, str], list[RunData]]:
+    groups: dict[tuple[str, str], list[RunData]] = defaultdict(list)
+    for run in runs:
+        groups[(run.exp, run.env_id)].append(run)
+    return dict(sorted(groups.items()))
+
+
+def plot_curves(runs: list[RunData], path: Path, window: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = groups_of(runs)
+    envs = sorted({env for _, env in groups})
+    exps = sorted({exp for exp, _ in groups})
+    fig, axes = plt.subplots(2, len(envs), figsize=(5 * len(envs), 7), squeeze=False)
+    colors = {exp: f"C{i}" for i, exp in enumerate(exps)}
+    for col, env in enumerate(envs):
+        for row, (x, label) in enumerate((("steps", "env steps"), ("times", "wall time (s)"))):
+            ax = axes[row][col]
+            for exp in exps:
+                group = groups.get((exp, env))
+                if not group:
+                    continue
+                grid, mean, low, high = curve(group, x, window)
+                ax.plot(grid, mean, color=colors[exp], label=f"{exp} ({len(group)} seeds)")
+                ax.fill_between(grid, low, high, color=colors[exp], alpha=0.2)
+            ax.set_title(env)
+            ax.set_xlabel(label)
+            ax.set_ylabel("episodic return")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return fig
+
+
+def final_score(run: RunData, last: int) -> float:
+    return float(run.returns[-last:].mean())
+
+
+def final_table(runs: list[RunData], last: int) -> list[dict]:
+    rows = []
+    for (exp, env), group in groups_of(runs).items():
+        scores = np.array([final_score(r, last) for r in group])
+        rows.append(
+            {
+                "script": exp,
+                "env_id": env,
+                "seeds": len(group),
+                "mean": scores.mean(),
+                "std": scores.std(),
+                "iqm": iqm(scores),
+                "steps": int(np.mean([r.total_steps for r in group])),
+            }
+        )
+    return rows
+
+
+def throughput_table(runs: list[RunData], baseline: str | None) -> list[dict]:
+    grouped: dict[tuple, list[RunData]] = defaultdict(list)
+    for run in runs:
+        grouped[(run.exp, run.env_id, run.world_size)].append(run)
+    rows = []
+    for (exp, env, world), group in sorted(grouped.items()):
+        hw = group[0].hardware
+        rows.append(
+            {
+                "script": exp,
+                "env_id": env,
+                "world_size": world,
+                "runs": len(group),
+                "sps": float(np.mean([r.sps for r in group])),
+                "wall_s": float(np.mean([r.wall for r in group])),
+                "hardware": f"{hw.get('cpu', '?')} x{hw.get('cpu_count', '?')}; GPU {hw.get('gpu', '?')}",
+            }
+        )
+    for env in {row["env_id"] for row in rows}:
+        same_env = [row for row in rows if row["env_id"] == env]
+        base = next((row for row in same_env if row["script"] == baseline), same_env[0])
+        for row in same_env:
+            row["speedup"] = row["sps"] / base["sps"]
+            row["efficiency"] = row["speedup"] / (row["world_size"] / base["world_size"])
+    return rows
+
+
+def aggregate_tables(runs: list[RunData], last: int, reps: int = 2000):
+    """rliable's interval estimates over envs; None when rliable is missing or no env has reference scores."""
+    try:
+        from rliable import library as rly
+        from rliable import metrics
+    except ImportError:
+        print("[plot] rliable is not installed (pip install -e '.[plot]'): no aggregate metrics", file=sys.stderr)
+        return None
+    groups = groups_of(runs)
+    exps = sorted({exp for exp, _ in groups})
+    envs = sorted(env for env in {env for _, env in groups} if reference_scores(env) is not None)
+    envs = [env for env in envs if all((exp, env) in groups for exp in exps)]
+    if not envs:
+        return None
+    num_runs = min(len(groups[(exp, env)]) for exp in exps for env in envs)
+    scores = {
+        exp: np.array(
+            [
+                [normalize(final_score(r, last), reference_scores(env)) for r in groups[(exp, env)][:num_runs]]
+                for env in envs
+            ]
+        ).T  # (runs, envs)
+        for exp in exps
+    }
+    aggregate = lambda x: np.array(  # noqa: E731
+        [
+            metrics.aggregate_iqm(x),
+            metrics.aggregate_mean(x),
+            metrics.aggregate_median(x),
+            metrics.aggregate_optimality_gap(x),
+        ]
+    )
+    points, intervals = rly.get_interval_estimates(scores, aggregate, reps=reps)
+    rows = []
+    for exp in exps:
+        row = {"script": exp, "envs": len(envs), "runs_per_env": num_runs}
+        for i, name in enumerate(("iqm", "mean", "median", "optimality_gap")):
+            row[name] = float(points[exp][i])
+            row[f"{name}_low"], row[f"{name}_high"] = float(intervals[exp][0][i]), float(intervals[exp][1][i])
+        rows.append(row)
+    improvement = []
+    pairs = {f"{a},{b}": (scores[a], scores[b]) for a in exps for b in exps if a != b}
+    if pairs:
+        poi, poi_ci = rly.get_interval_estimates(pairs, metrics.probability_of_improvement, reps=reps)
+        for key in pairs:
+            a, b = key.split(",")
+            low, high = np.ravel(poi_ci[key])
+            improvement.append(
+                {"script": a, "over": b, "probability": float(np.ravel(poi[key])[0]), "low": low, "high": high}
+            )
+    return rows, improvement
+
+
+def write_table(rows: list[dict], path: Path, columns: list[tuple[str, str]]) -> str:
+    """``rows`` as CSV (all fields, full precision) and as a markdown table of ``columns`` (title, format)."""
+    if not rows:
+        return ""
+    with open(path.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt.format(**row) for _, fmt in columns) + " |")
+    text = "\n".join(lines) + "\n"
+    path.with_suffix(".md").write_text(text)
+    return text
+
+
+@dataclass
+class Args:
+    paths: tyro.conf.Positional[list[str]]
+    """runs directories (every directory with event files below them is one run)"""
+    out: str = "plots"
+    """where the PNG and the tables go"""
+    metric: str = "charts/episodic_return"
+    """the scalar plotted and tabled"""
+    last: int = 10
+    """a run's final return is the mean of its last this many episodes"""
+    smooth: int = 10
+    """curves: trailing mean over this many episodes before averaging over seeds"""
+    baseline: str | None = None
+    """the script (exp name) whose throughput is speed-up 1 (default: the first row of each env)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv)
+    for path in args.paths:
+        if not Path(path).is_dir():
+            print(f"error: {path}: not a directory", file=sys.stderr)
+            return 2
+    if args.last < 1 or args.smooth < 1:
+        print(f"error: --last {args.last} / --smooth {args.smooth}: must be positive integers", file=sys.stderr)
+        return 2
+    runs = find_runs([Path(p) for p in args.paths], args.metric)
+    if not runs:
+        print(f"error: no run under {' '.join(args.paths)} logged {args.metric}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_curves(runs, out / "curves.png", args.smooth)
+    print(f"[plot] {len(runs)} runs; curves in {out / 'curves.png'}\n")
+    print(
+        write_table(
+            final_table(runs, args.last),
+            out / "final_returns",
+            [
+                ("script", "{script}"),
+                ("env", "{env_id}"),
+                ("seeds", "{seeds}"),
+                ("steps", "{steps:,}"),
+                (f"return (last {args.last}), mean ± std", "{mean:.2f} ± {std:.2f}"),
+                ("IQM", "{iqm:.2f}"),
+            ],
+        )  # fmt: skip
+    )
+    print(
+        write_table(
+            throughput_table(runs, args.baseline),
+            out / "throughput",
+            [
+                ("script", "{script}"),
+                ("env", "{env_id}"),
+                ("world size", "{world_size}"),
+                ("runs", "{runs}"),
+                ("SPS", "{sps:,.0f}"),
+                ("wall time (s)", "{wall_s:.1f}"),
+                ("speed-up", "{speedup:.2f}x"),
+                ("scaling efficiency", "{efficiency:.0%}"),
+                ("hardware", "{hardware}"),
+            ],
+        )  # fmt: skip
+    )
+    tables = aggregate_tables(runs, args.last)
+    if tables:
+        rows, improvement = tables
+        print(
+            write_table(
+                rows,
+                out / "aggregate",
+                [
+                    ("script", "{script}"),
+                    ("envs", "{envs}"),
+                    ("IQM", "{iqm:.3f} [{iqm_low:.3f}, {iqm_high:.3f}]"),
+                    ("mean", "{mean:.3f} [{mean_low:.3f}, {mean_high:.3f}]"),
+                    ("median", "{median:.3f} [{median_low:.3f}, {median_high:.3f}]"),
+                    ("optimality gap", "{optimality_gap:.3f} [{optimality_gap_low:.3f}, {optimality_gap_high:.3f}]"),
+                ],
+            )  # fmt: skip
+        )
+        print(
+            write_table(
+                improvement,
+                out / "improvement",
+                [
+                    ("P(script > other)", "{script} > {over}"),
+                    ("probability", "{probability:.3f} [{low:.3f}, {high:.3f}]"),
+                ],
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

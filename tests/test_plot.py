@@ -1,0 +1,112 @@
+"""plot.py on tiny runs of the stand-in script (known returns and SPS): the PNG's panels and lines,
+and the numbers of every table."""
+
+import csv
+import subprocess
+import sys
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+from cleanrl_utils import plot
+from cleanrl_utils.scores import iqm, normalize, reference_scores
+from tests.conftest import REPO, script_env
+
+FAKE = str(REPO / "tests" / "fake_train.py")
+RUNS = [  # exp, env, quality, sps, world size
+    ("a", "CartPole-v1", 1.0, 1000, 1),
+    ("b", "CartPole-v1", 0.5, 1800, 2),
+    ("a", "Acrobot-v1", 0.2, 1000, 1),
+    ("b", "Acrobot-v1", 0.6, 1800, 2),
+]
+
+
+def returns(quality: float, seed: int) -> np.ndarray:
+    return np.float32([500 * quality * s / 1000 + seed / 100 for s in range(100, 1001, 100)]).astype(np.float64)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("plot")
+    procs = []
+    for exp, env, quality, sps, world in RUNS:
+        for seed in (1, 2, 3):
+            cmd = [sys.executable, FAKE, "--exp-name", exp, "--env-id", env, "--seed", str(seed), "--step-time", "0"]
+            cmd += ["--quality", str(quality), "--sps", str(sps), "--world-size", str(world)]
+            procs.append(subprocess.Popen([*cmd, "--run-name", f"{env}__{exp}__{seed}"], cwd=cwd, env=script_env()))
+    assert all(p.wait() == 0 for p in procs)
+    return cwd
+
+
+def test_tables_hold_the_right_numbers(runs_dir, tmp_path):
+    assert plot.main([str(runs_dir / "runs"), "--out", str(tmp_path), "--last", "4", "--baseline", "a"]) == 0
+    final = {(r["script"], r["env_id"]): r for r in read_csv(tmp_path / "final_returns.csv")}
+    assert len(final) == 4
+    for exp, env, quality, _, _ in RUNS:
+        scores = [returns(quality, seed)[-4:].mean() for seed in (1, 2, 3)]
+        row = final[(exp, env)]
+        assert int(row["seeds"]) == 3 and int(row["steps"]) == 1000
+        assert float(row["mean"]) == pytest.approx(np.mean(scores))
+        assert float(row["std"]) == pytest.approx(np.std(scores))
+        assert float(row["iqm"]) == pytest.approx(iqm(scores))
+    speed = {(r["script"], r["env_id"]): r for r in read_csv(tmp_path / "throughput.csv")}
+    for env in ("CartPole-v1", "Acrobot-v1"):
+        a, b = speed[("a", env)], speed[("b", env)]
+        assert float(a["sps"]) == pytest.approx(1002.0) and float(b["sps"]) == pytest.approx(1802.0)  # + seed, mean
+        assert float(a["speedup"]) == 1.0 and float(b["speedup"]) == pytest.approx(1802.0 / 1002.0)
+        assert float(b["efficiency"]) == pytest.approx(1802.0 / 1002.0 / 2)
+        assert b["world_size"] == "2" and "GPU" in b["hardware"]
+    aggregate = {r["script"]: r for r in read_csv(tmp_path / "aggregate.csv")}
+    for exp in ("a", "b"):
+        normalized = [
+            normalize(returns(q, seed)[-4:].mean(), reference_scores(env))
+            for e, env, q, _, _ in RUNS
+            if e == exp
+            for seed in (1, 2, 3)
+        ]
+        assert float(aggregate[exp]["iqm"]) == pytest.approx(iqm(normalized))
+        assert float(aggregate[exp]["mean"]) == pytest.approx(np.mean(normalized))
+        assert float(aggregate[exp]["iqm_low"]) <= float(aggregate[exp]["iqm"]) <= float(aggregate[exp]["iqm_high"])
+    poi = {(r["script"], r["over"]): float(r["probability"]) for r in read_csv(tmp_path / "improvement.csv")}
+    assert poi[("a", "b")] + poi[("b", "a")] == pytest.approx(1.0)
+    # a is better on CartPole (3 of 3 seeds), worse on Acrobot: P(a > b) averages 1 and 0
+    assert poi[("a", "b")] == pytest.approx(0.5)
+    assert "| b | CartPole-v1 | 2 | 3 | 1,802 |" in (tmp_path / "throughput.md").read_text()
+
+
+def test_png_has_one_panel_per_env_with_the_mean_curves(runs_dir, tmp_path):
+    runs = plot.find_runs([runs_dir / "runs"], "charts/episodic_return")
+    fig = plot.plot_curves(runs, tmp_path / "curves.png", window=3)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["Acrobot-v1", "CartPole-v1", "Acrobot-v1", "CartPole-v1"]
+    assert [ax.get_xlabel() for ax in fig.axes] == ["env steps", "env steps", "wall time (s)", "wall time (s)"]
+    step_panel = fig.axes[1]  # CartPole against env steps
+    lines = {line.get_label(): line for line in step_panel.get_lines()}
+    assert set(lines) == {"a (3 seeds)", "b (3 seeds)"}
+    for exp, quality in (("a", 1.0), ("b", 0.5)):
+        grid = lines[f"{exp} (3 seeds)"].get_xdata()
+        assert grid[-1] == 1000
+        steps = np.arange(100, 1001, 100)
+        expected = np.mean(
+            [np.interp(grid, steps, plot.smooth(returns(quality, seed), 3)) for seed in (1, 2, 3)], axis=0
+        )
+        np.testing.assert_allclose(lines[f"{exp} (3 seeds)"].get_ydata(), expected, rtol=1e-6)
+    image = mpimg.imread(tmp_path / "curves.png")
+    assert image.shape[:2] == (700, 1000)  # figsize (5 per env x 7) at dpi 100
+    for ax in fig.axes:  # every panel holds both curves' colours
+        x0, y0, x1, y1 = (ax.get_window_extent().extents).astype(int)
+        panel = image[700 - y1 : 700 - y0, x0:x1, :3]
+        for color in ((0.12, 0.47, 0.71), (1.0, 0.5, 0.05)):  # C0 blue, C1 orange
+            assert (np.abs(panel - color).sum(axis=2) < 0.1).sum() > 50, (ax.get_title(), color)
+
+
+def test_bad_input(tmp_path, capsys):
+    assert plot.main([str(tmp_path / "missing")]) == 2
+    assert plot.main([str(tmp_path)]) == 2
+    assert "no run under" in capsys.readouterr().err
