@@ -2,13 +2,14 @@
 
     python benchmark/ppo_sample_efficiency.py --seeds 1 2 3 4 5
 
-Runs ``python cleanrl/ppo.py --seed S`` (the defaults, 100k steps) for each seed, two at a time,
+Runs ``python cleanrl/ppo.py --seed S`` (the defaults, 100k steps) for each seed, two at a time
+(``cleanrl_utils/benchmark.py``'s pool),
 and prints, per seed, the first step at which the mean return of the last 20 episodes reaches
 475 and 500, and the mean over the final 20 episodes.
 """
 
 import argparse
-import subprocess
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -32,31 +33,33 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=int, default=100_000)
     args = parser.parse_args()
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cleanrl_utils.benchmark import Job, Pool
+    from cleanrl_utils.tb import ScalarReader
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        seeds = list(args.seeds)
-        while seeds:
-            batch, seeds = seeds[: args.parallel], seeds[args.parallel :]
-            procs = []
-            for seed in batch:
-                cwd = Path(tmp) / f"seed{seed}"
-                cwd.mkdir()
-                cmd = [sys.executable, str(REPO / "cleanrl/ppo.py"), "--no-progress", "--seed", str(seed)]
-                cmd += ["--run-name", "r", "--total-timesteps", str(args.total_timesteps), "--checkpoint-interval", "0"]
-                procs.append(
-                    (seed, cwd, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                )
-            for seed, cwd, proc in procs:
-                assert proc.wait() == 0, f"seed {seed} failed"
-                acc = EventAccumulator(str(cwd / "runs/r"), size_guidance={"scalars": 0})
-                acc.Reload()
-                events = acc.Scalars("charts/episodic_return")
-                steps, returns = [e.step for e in events], [e.value for e in events]
-                rows.append(
-                    (seed, first_step(steps, returns, 475), first_step(steps, returns, 500), np.mean(returns[-20:]))
-                )
+        os.chdir(tmp)
+        jobs = []
+        for seed in args.seeds:
+            cmd = [sys.executable, str(REPO / "cleanrl/ppo.py"), "--no-progress", "--seed", str(seed)]
+            cmd += [
+                "--run-name",
+                f"s{seed}",
+                "--total-timesteps",
+                str(args.total_timesteps),
+                "--checkpoint-interval",
+                "0",
+            ]
+            jobs.append(Job(f"s{seed}", cmd, Path(tmp) / f"s{seed}.log", Path(tmp) / "runs" / f"s{seed}"))
+        for job, code in Pool(args.parallel, [], threads=1, quiet=True).run(jobs):
+            assert code == 0, f"{job.name} failed, see {job.log}"
+        for seed, job in zip(args.seeds, jobs):
+            series = ScalarReader(job.run_dir).update().get("charts/episodic_return")
+            steps, returns = series.steps, series.values
+            rows.append(
+                (seed, first_step(steps, returns, 475), first_step(steps, returns, 500), np.mean(returns[-20:]))
+            )
+        os.chdir(REPO)
 
     print(f"CartPole-v1, ppo.py defaults, {args.total_timesteps} steps; mean of the last 20 episodes")
     print("| seed | steps to 475 | steps to 500 | final mean |")

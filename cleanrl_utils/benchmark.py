@@ -176,6 +176,12 @@ class Job:
 
 
 def exp_name(command: list[str]) -> str:
+    """The command's ``--exp-name`` (as the run records it), else its script's name."""
+    for i, token in enumerate(command):
+        if token in ("--exp-name", "--exp_name") and i + 1 < len(command):
+            return command[i + 1]
+        if token.startswith(("--exp-name=", "--exp_name=")):
+            return token.split("=", 1)[1]
     script = script_of(command)
     return script.stem if script else Path(command[0]).name
 
@@ -191,7 +197,7 @@ def plan_grid(
             for seed in seeds:
                 name = f"{prefix}{env_id.replace('/', '-')}__{exp}__{seed}"
                 if name in names:
-                    raise ValueError(f"two commands give the run name {name}: give their scripts different names")
+                    raise ValueError(f"two commands give the run name {name}: give them different --exp-name values")
                 names.add(name)
                 argv = [*base, "--env-id", env_id, "--seed", str(seed), "--run-name", name]
                 jobs.append(Job(name, argv, log_dir / f"{name}.log", Path("runs") / name, gpus_per_run))
@@ -240,7 +246,7 @@ class Pool:
                     )
                     done.append((job, code))
                     if not self.quiet:
-                        state = "done" if code == 0 else f"FAILED (exit {code}, log {job.log})"
+                        state = "done" if code == 0 else f"failed (exit {code}, log {job.log})"
                         print(f"[benchmark] {state}: {job.name} in {seconds:.0f}s", flush=True)
                 now = time.monotonic()
                 if not self.quiet and now - last_print > 30 and running:

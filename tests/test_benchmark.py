@@ -1,0 +1,71 @@
+"""The grid runner: every run of the grid, one log and status per run, failures reported and
+counted in the exit code, --skip-completed skipping finished runs and resuming interrupted ones."""
+
+import json
+import subprocess
+import sys
+
+from cleanrl_utils.benchmark import device_slots, world_size_of
+from cleanrl_utils.tb import ScalarReader
+from tests.conftest import REPO, run_script, script_env
+
+FAKE = str(REPO / "tests" / "fake_train.py")
+
+
+def bench(cwd, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "cleanrl_utils.benchmark", *args], cwd=cwd, env=script_env(), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_grid_failures_and_skip_completed(tmp_path):
+    cmd = f"python {FAKE} --step-time 0 --total-timesteps 300"
+    crash = f"python {FAKE} --step-time 0 --exp-name crash --crash-at 0.5"
+    proc = bench(tmp_path, "--env-ids", "CartPole-v1", "Acrobot-v1", "--command", cmd, crash, "--num-seeds", "2",
+                 "--workers", "2")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "4 of 8 runs succeeded" in proc.stdout
+    failures = [line for line in proc.stdout.splitlines() if line.startswith("[benchmark] FAILED")]
+    assert len(failures) == 4 and all("exit 3" in f and "planned crash" in f for f in failures)
+    for env in ("CartPole-v1", "Acrobot-v1"):
+        for seed in (1, 2):
+            name = f"{env}__fake_train__{seed}"
+            assert json.loads((tmp_path / f"runs/logs/{name}.json").read_text())["returncode"] == 0
+            hp = ScalarReader(tmp_path / "runs" / name).update().hyperparameters()
+            assert (hp["env_id"], hp["seed"], hp["total_timesteps"]) == (env, str(seed), "300")
+            assert json.loads((tmp_path / f"runs/logs/{env}__fake_train__{seed}.json").read_text())["returncode"] == 0
+    again = bench(tmp_path, "--env-ids", "CartPole-v1", "Acrobot-v1", "--command", cmd, crash, "--num-seeds", "2",
+                  "--skip-completed", "--dry-run")  # fmt: skip
+    lines = [line for line in again.stdout.splitlines() if not line.startswith("[")]
+    assert "skipping 4 completed runs" in again.stdout and len(lines) == 4 and all("crash" in line for line in lines)
+
+
+def test_interrupted_run_resumes_and_existing_checkpoints_refused(tmp_path):
+    run_script("ppo.py", "--total-timesteps", "1024", "--checkpoint-interval", "256", "--run-name",
+               "CartPole-v1__ppo__1", cwd=tmp_path)  # fmt: skip
+    (tmp_path / "runs/CartPole-v1__ppo__1/checkpoints/ckpt_00001024.pt").unlink()  # as if killed after 768 steps
+    cmd = f"python {REPO}/cleanrl/ppo.py --total-timesteps 1024 --checkpoint-interval 256 --no-progress"
+    refused = bench(tmp_path, "--env-ids", "CartPole-v1", "--command", cmd, "--num-seeds", "1")
+    assert refused.returncode == 2 and "holds checkpoints: pass --skip-completed" in refused.stderr
+    resumed = bench(tmp_path, "--env-ids", "CartPole-v1", "--command", cmd, "--num-seeds", "1", "--skip-completed")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "--resume runs/CartPole-v1__ppo__1" in resumed.stdout
+    log = (tmp_path / "runs/logs/CartPole-v1__ppo__1.log").read_text()
+    assert "done: 1,024 steps (256 in" in log  # continued from step 768, not restarted
+
+
+def test_bad_input_exits_2_before_any_run(tmp_path):
+    bad = bench(tmp_path, "--env-ids", "CartPole-v1", "--command", f"python {FAKE} --num-steps 7", "--num-seeds", "1")
+    assert bad.returncode == 2 and "--num-steps 7: must divide --total-timesteps 1000" in bad.stderr
+    assert not (tmp_path / "runs").exists()
+    bad = bench(tmp_path, "--env-ids", "CartPole-v1", "--command", "python nothing.py")
+    assert bad.returncode == 2 and "names no existing .py script" in bad.stderr
+
+
+def test_device_slots_and_world_size():
+    assert device_slots([0, 1], 2, 1) == [{"CUDA_VISIBLE_DEVICES": "0"}] * 2 + [{"CUDA_VISIBLE_DEVICES": "1"}] * 2
+    assert device_slots([0, 1, 2, 3], 1, 2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert device_slots([], 1, 1) == []
+    assert world_size_of(["torchrun", "--nnodes=2", "--nproc_per_node", "4", "x.py"]) == 8
+    assert world_size_of(["python", "x.py"]) == 1
