@@ -549,17 +549,8 @@ class Tuner:
                 if finished + running >= self.num_trials:  # the last trials run elsewhere; one may yet fail
                     time.sleep(self.poll)
                     continue
-                trial = study.ask()
-                ahead = [
-                    t
-                    for t in study.get_trials(
-                        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-                    )
-                    if t.number < trial.number and not t.user_attrs.get("surplus")
-                ]
-                if len(ahead) >= self.num_trials:  # another worker asked at the same moment: never overshoot
-                    trial.set_user_attr("surplus", True)
-                    study.tell(trial, state=TrialState.FAIL)
+                trial = claim_trial(study, self.num_trials)
+                if trial is None:
                     continue
                 self.run_trial(study, trial)
         finally:
@@ -763,6 +754,27 @@ class Tuner:
             print("  " + r["command"].replace(f" --run-name {r['run_dir'][len('runs/') :]}", ""))
         _dispose(storage)
         return best
+
+
+def claim_trial(study: optuna.Study, num_trials: int) -> optuna.Trial | None:
+    """A new trial, unless the trials numbered before it (finished or running) already fill the budget.
+
+    Workers on several machines may ask at the same moment; the storage numbers their trials in
+    order, so the later one sees the earlier and stands down: its trial is closed as a ``surplus``
+    failure that nothing counts, and ``--num-trials`` is never overshot.
+    """
+    trial = study.ask()
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    ahead = [
+        t
+        for t in study.get_trials(deepcopy=False, states=states)
+        if t.number < trial.number and not t.user_attrs.get("surplus")
+    ]
+    if len(ahead) >= num_trials:
+        trial.set_user_attr("surplus", True)
+        study.tell(trial, state=TrialState.FAIL)
+        return None
+    return trial
 
 
 def fail_dead_trials(study: optuna.Study) -> None:

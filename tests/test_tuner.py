@@ -389,3 +389,38 @@ def test_request_command_runs_the_real_scripts(tmp_path, env_ids, script, budget
         assert returns and run["score"] == pytest.approx(np.mean(returns[-50:]), rel=1e-6)
         normalized.append(normalize(run["score"], reference_scores(run["env_id"])))
     assert math.isclose(best["value"], np.mean(normalized), rel_tol=1e-6)
+
+
+def test_claim_never_overshoots_the_budget():
+    """Two workers ask at the same moment for the last trial: the second one stands down."""
+    study = optuna.create_study()
+    done = study.ask()
+    study.tell(done, 1.0)
+    first = tuner.claim_trial(study, num_trials=2)  # a worker takes the last slot...
+    second = tuner.claim_trial(study, num_trials=2)  # ...and another asks before it finished
+    assert first is not None and second is None
+    surplus = [t for t in study.get_trials() if t.user_attrs.get("surplus")]
+    assert len(surplus) == 1 and surplus[0].number == 2 and surplus[0].state.name == "FAIL"
+    study.tell(first, state=optuna.trial.TrialState.FAIL)  # the running one failed: the slot is free again
+    assert tuner.claim_trial(study, num_trials=2) is not None
+
+
+def test_ctrl_c_stops_runs_and_fails_the_trial_then_resumes(tmp_path, marker):
+    space = write_space(tmp_path / "space.json", {"quality": [0.5], "total-timesteps": 2000, "step-time": 0.1})
+    args = [TUNER, "--script", FAKE, "--env-ids", "CartPole-v1", "--space", space, "--pruner", "none"]
+    args += ["--study-name", "i", "--num-trials", "2", "--progress-interval", "1"]
+    env = script_env({"CLEANRL_TEST_MARKER": marker})
+    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    pids = tmp_path / "runs/i/t0000/CartPole-v1__1/pids"
+    deadline = time.monotonic() + 60
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out
+    assert not processes_with_marker(marker)
+    study = load(f"sqlite:///{tmp_path}/runs/i/optuna.db", "i")
+    assert [(t.state.name, t.user_attrs.get("error")) for t in study.get_trials()] == [("FAIL", "interrupted")]
+    again = run_tuner(tmp_path, *args[1:], env={"CLEANRL_TEST_MARKER": marker})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(trials_by_state(load(f"sqlite:///{tmp_path}/runs/i/optuna.db", "i"))["COMPLETE"]) == 2
