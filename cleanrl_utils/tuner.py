@@ -707,7 +707,7 @@ class Tuner:
             reinit="create_new",
         )
         run.log({f"{r['env_id']}_seed{r['seed']}_return": r["score"] for r in results} | {"value": value})
-        run.finish(quiet=True)
+        run.finish()
 
     # ----------------------------------------------------------------------------------------
     def report(self) -> optuna.trial.FrozenTrial | None:

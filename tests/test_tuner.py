@@ -228,12 +228,14 @@ def test_killed_worker_fails_its_trial_and_the_study_finishes(tmp_path, marker):
     env = script_env({"CLEANRL_TEST_MARKER": marker})
 
     def running_trial(study_file: Path):
-        while True:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
             if study_file.exists():
                 for t in load(str(study_file), "k").get_trials(states=(optuna.trial.TrialState.RUNNING,)):
                     if "worker" in t.user_attrs and list((tmp_path / "runs/k").glob(f"t{t.number:04d}/*/pids")):
                         return t
             time.sleep(0.3)
+        raise AssertionError("no trial started within 120 s")
 
     first = subprocess.Popen([sys.executable, TUNER, *args, "--workers", "2"], cwd=tmp_path, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
@@ -242,7 +244,7 @@ def test_killed_worker_fails_its_trial_and_the_study_finishes(tmp_path, marker):
     # wait for the first invocation to be mid-way in another trial, then kill it whole
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        states = trials_by_state(load("study.log" if False else str(tmp_path / "study.log"), "k"))
+        states = trials_by_state(load(str(tmp_path / "study.log"), "k"))
         if states.get("COMPLETE") and states.get("RUNNING"):
             break
         time.sleep(0.3)
@@ -256,7 +258,7 @@ def test_killed_worker_fails_its_trial_and_the_study_finishes(tmp_path, marker):
     orphaned = [t for t in study.get_trials() if t.state.name == "RUNNING"]
     assert orphaned, "the second kill should leave a trial running in the storage"
 
-    again = run_tuner(tmp_path, *args, "--workers", "1", env={"CLEANRL_TEST_MARKER": marker})
+    again = run_tuner(tmp_path, *args, "--workers", "1", env={"CLEANRL_TEST_MARKER": marker}, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     states = trials_by_state(load(str(tmp_path / "study.log"), "k"))
     assert len(states["COMPLETE"]) == 4 and "RUNNING" not in states
