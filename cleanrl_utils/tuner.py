@@ -303,6 +303,7 @@ class Tuner:
         report_every: float = 0.1,
         heartbeat: int = 60,
         max_failures: int | None = None,
+        sampler_seed: int | None = None,
         start_seed: int = 1,
         progress_interval: float = 30.0,
         poll: float = 1.0,
@@ -347,7 +348,7 @@ class Tuner:
         self.gpus, self.trials_per_gpu = list(gpus or []), trials_per_gpu
         self.workers = workers if not self.gpus else min(workers, len(self.gpus) * trials_per_gpu)
         self.threads_per_run, self.report_every, self.heartbeat = threads_per_run, report_every, heartbeat
-        self.max_failures, self.start_seed = max_failures, start_seed
+        self.max_failures, self.start_seed, self.sampler_seed = max_failures, start_seed, sampler_seed
         self.progress_interval, self.poll = progress_interval, poll
         self.extra_args = list(extra_args or [])
         for name, value in (
@@ -452,7 +453,7 @@ class Tuner:
             proc.start()
             procs[index] = proc
         storage = self.storage(heartbeat=False)
-        started, last_line_printed, last_print = time.monotonic(), "", 0.0
+        started, last_line_printed, last_print = time.monotonic(), [], 0.0
         try:
             while any(p.is_alive() for p in procs.values()) or procs:
                 for index, proc in list(procs.items()):
@@ -464,9 +465,10 @@ class Tuner:
                     del procs[index]
                 line = self.progress_line(storage, started)
                 now = time.monotonic()
-                if line != last_line_printed or now - last_print > self.progress_interval:
+                counts = line.split(";")[:2]  # the counts and the best value, not the clock
+                if counts != last_line_printed or now - last_print > self.progress_interval:
                     print(line, flush=True)
-                    last_line_printed, last_print = line, now
+                    last_line_printed, last_print = counts, now
                 if procs:
                     time.sleep(self.poll)
         except KeyboardInterrupt:
@@ -503,6 +505,7 @@ class Tuner:
         trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
         count = {state: sum(t.state == state for t in trials) for state in TrialState}
         finished = count[TrialState.COMPLETE] + count[TrialState.PRUNED]
+        invalid = sum("invalid" in t.user_attrs for t in trials)
         best = _best(study)
         best_text = f"best {best.value:.4g} (trial {best.number})" if best else "no complete trial yet"
         durations = [
@@ -514,10 +517,11 @@ class Tuner:
         eta = (
             f"ETA {np.mean(durations) * remaining / self.workers / 60:.1f} min" if durations and remaining else "ETA -"
         )
+        complete, pruned, running = (count[s] for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
         return (
-            f"[tuner] {finished}/{self.num_trials} finished ({count[TrialState.COMPLETE]} complete, "
-            f"{count[TrialState.PRUNED]} pruned), {count[TrialState.RUNNING]} running, {count[TrialState.FAIL]} failed; "
-            f"{best_text}; {(time.monotonic() - started) / 60:.1f} min, {eta}"
+            f"[tuner] {finished}/{self.num_trials} finished ({complete} complete, {pruned} pruned), {running} running, "
+            f"{count[TrialState.FAIL] - invalid} failed, {invalid} invalid; {best_text}; "
+            f"{(time.monotonic() - started) / 60:.1f} min, {eta}"
         )
 
     # ----------------------------------------------------------------------------------------
@@ -529,9 +533,7 @@ class Tuner:
         self.worker_index, self.slot = index, slot
         self.state_file = self.out_dir / "workers" / f"{socket.gethostname()}-{os.getpid()}.json"
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        sampler = copy.deepcopy(self.sampler) if self.sampler is not None else optuna.samplers.TPESampler()
-        with contextlib.suppress(AttributeError):
-            sampler.reseed_rng()  # forked workers would otherwise sample the same values
+        sampler = self.worker_sampler(index)
         storage = self.storage()
         study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler, pruner=self.pruner)
         try:
@@ -540,11 +542,17 @@ class Tuner:
                 trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
                 finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
                 running = sum(t.state == TrialState.RUNNING for t in trials)
-                failed = sum(t.state == TrialState.FAIL for t in trials)
+                failed = sum(t.state == TrialState.FAIL and "invalid" not in t.user_attrs for t in trials)
+                invalid = sum("invalid" in t.user_attrs for t in trials)
                 if finished >= self.num_trials:
                     break
                 if failed >= self.max_failures:
                     print(f"[tuner] {failed} trials failed (--max-failures {self.max_failures}): stopping", flush=True)
+                    break
+                if invalid >= 100 + 10 * self.num_trials:
+                    print(
+                        f"[tuner] {invalid} sampled settings failed the script's validation: fix the space", flush=True
+                    )
                     break
                 if finished + running >= self.num_trials:  # the last trials run elsewhere; one may yet fail
                     time.sleep(self.poll)
@@ -558,6 +566,17 @@ class Tuner:
             with contextlib.suppress(OSError):
                 self.state_file.unlink()
         sys.exit(0)
+
+    def worker_sampler(self, index: int) -> optuna.samplers.BaseSampler:
+        """Worker ``index``'s sampler: seeded ``sampler_seed + index`` when a seed is given, else reseeded at
+        random (forked copies of one sampler would otherwise propose the same values)."""
+        kind = type(self.sampler) if self.sampler is not None else optuna.samplers.TPESampler
+        if self.sampler_seed is not None and kind in (optuna.samplers.TPESampler, optuna.samplers.RandomSampler):
+            return kind(seed=self.sampler_seed + index)
+        sampler = copy.deepcopy(self.sampler) if self.sampler is not None else kind()
+        with contextlib.suppress(AttributeError):
+            sampler.reseed_rng()
+        return sampler
 
     def _on_sigterm(self, signum, frame) -> None:
         self.interrupted = True
@@ -592,6 +611,7 @@ class Tuner:
         trial.set_user_attr("params", params)  # every value passed to the runs, fixed ones included
         runs, error = self.plan_runs(trial, params)
         if error:
+            trial.set_user_attr("invalid", True)  # not run: counts neither as a trial nor as a failure
             trial.set_user_attr("error", f"invalid: {error}")
             study.tell(trial, state=TrialState.FAIL)
             print(f"[tuner] trial {trial.number} not run, its values fail the script's validation: {error}", flush=True)
@@ -994,6 +1014,7 @@ def build(args: Args) -> Tuner:
         report_every=args.report_every,
         heartbeat=args.heartbeat,
         max_failures=args.max_failures,
+        sampler_seed=args.sampler_seed,
         start_seed=args.start_seed,
         progress_interval=args.progress_interval,
         extra_args=["--track"] if args.track else [],
