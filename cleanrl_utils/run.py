@@ -365,7 +365,8 @@ class Checkpoints:
         self.directory = run_dir / "checkpoints"
         self.script = Path(script_file).name
         self.args = dataclasses.asdict(args)
-        self.run_name = run_dir.name
+        # the run directory below runs/ (a --run-name may have several parts, e.g. <study>/<trial>/<env>)
+        self.run_name = run_dir.relative_to("runs").as_posix() if run_dir.parts[:1] == ("runs",) else run_dir.name
         self.last = last
         self.keep = keep
 

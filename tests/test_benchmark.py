@@ -42,17 +42,21 @@ def test_grid_failures_and_skip_completed(tmp_path):
 
 
 def test_interrupted_run_resumes_and_existing_checkpoints_refused(tmp_path):
-    run_script("ppo.py", "--total-timesteps", "1024", "--checkpoint-interval", "256", "--run-name",
-               "CartPole-v1__ppo__1", cwd=tmp_path)  # fmt: skip
-    (tmp_path / "runs/CartPole-v1__ppo__1/checkpoints/ckpt_00001024.pt").unlink()  # as if killed after 768 steps
+    """A run killed after its checkpoint at 768 steps continues there, in its own (nested) run directory."""
+    run = "b/CartPole-v1__ppo__1"
+    run_script("ppo.py", "--total-timesteps", "1024", "--checkpoint-interval", "256", "--run-name", run, cwd=tmp_path)
+    (tmp_path / "runs" / run / "checkpoints/ckpt_00001024.pt").unlink()  # as if killed after 768 steps
     cmd = f"python {REPO}/cleanrl/ppo.py --total-timesteps 1024 --checkpoint-interval 256 --no-progress"
-    refused = bench(tmp_path, "--env-ids", "CartPole-v1", "--command", cmd, "--num-seeds", "1")
+    args = ("--env-ids", "CartPole-v1", "--command", cmd, "--num-seeds", "1", "--run-prefix", "b/")
+    refused = bench(tmp_path, *args)
     assert refused.returncode == 2 and "holds checkpoints: pass --skip-completed" in refused.stderr
-    resumed = bench(tmp_path, "--env-ids", "CartPole-v1", "--command", cmd, "--num-seeds", "1", "--skip-completed")
+    resumed = bench(tmp_path, *args, "--skip-completed")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "--resume runs/CartPole-v1__ppo__1" in resumed.stdout
-    log = (tmp_path / "runs/logs/CartPole-v1__ppo__1.log").read_text()
+    assert f"--resume runs/{run}" in resumed.stdout
+    log = (tmp_path / "runs/logs/b/CartPole-v1__ppo__1.log").read_text()
     assert "done: 1,024 steps (256 in" in log  # continued from step 768, not restarted
+    assert (tmp_path / "runs" / run / "checkpoints/ckpt_00001024.pt").exists()  # in the same directory
+    assert not (tmp_path / "runs/CartPole-v1__ppo__1").exists()
 
 
 def test_bad_input_exits_2_before_any_run(tmp_path):
