@@ -171,7 +171,8 @@ def test_two_workers_sqlite_exact_trials_values_reach_runs(tmp_path):
 def postgres():
     """A throwaway PostgreSQL server on 127.0.0.1 (Debian's postgresql package), stopped after the test."""
     bindir = next((d for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
-    if bindir is None or shutil.which("runuser") is None:
+    runuser = shutil.which("runuser", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+    if bindir is None or runuser is None:
         pytest.skip("PostgreSQL is not installed (.ci/run installs Debian's postgresql)")
     import pwd
     import tempfile
@@ -183,7 +184,7 @@ def postgres():
         os.chown(root, pwd.getpwnam(user).pw_uid, -1)
 
     def as_user(*cmd):
-        prefix = ["runuser", "-u", user, "--"] if os.geteuid() == 0 else []
+        prefix = [runuser, "-u", user, "--"] if os.geteuid() == 0 else []
         return subprocess.run([*prefix, *cmd], check=True, capture_output=True, text=True, timeout=120)
 
     as_user(str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")

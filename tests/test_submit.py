@@ -1,0 +1,443 @@
+"""Cluster submission: dry runs, bad input, a real single-host SLURM cluster (Debian's slurm-wlm and
+munge, started and stopped here), AWS Batch against a local moto server, and the image's entrypoint."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cleanrl_utils import submit_exp
+from tests.conftest import REPO, script_env
+
+PPO = str(REPO / "cleanrl" / "ppo.py")
+MULTI = str(REPO / "cleanrl" / "ppo_atari_multigpu.py")
+TINY_MULTI = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2"]
+TINY_MULTI += ["--update-epochs", "1", "--checkpoint-interval", "128"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_digests_agree(checkpoint_path: Path) -> None:
+    """Every rank's parameters at the final checkpoint hash the same, and equal the saved model."""
+    from cleanrl_utils.benchmark import load_script
+    from cleanrl_utils.distributed import parameters_digest
+
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    digests = {part["parameters_sha256"] for part in checkpoint["ranks"]}
+    assert len(checkpoint["ranks"]) == 2 and len(digests) == 1, digests
+    agent = load_script(Path(MULTI)).Agent(4)  # Breakout's 4 actions
+    agent.load_state_dict(checkpoint["model"])
+    assert digests == {parameters_digest(agent)}
+
+
+# --------------------------------------------------------------------------------------------
+# Dry runs and bad input
+# --------------------------------------------------------------------------------------------
+def test_slurm_dry_run_is_complete_and_stable(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--command", f"python {PPO} --total-timesteps 2048", "--env-ids", "CartPole-v1", "Acrobot-v1"]
+    argv += ["--num-seeds", "2", "--array-parallelism", "2", "--cpus", "1", "--job-name", "g", "--time", "1:00:00"]
+    assert submit_exp.main(argv) == 0
+    first = capsys.readouterr().out
+    assert submit_exp.main(argv) == 0
+    assert capsys.readouterr().out == first  # no timestamps, no randomness
+    for line in [
+        "#SBATCH --array=0-3%2",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@180",
+        "#SBATCH --cpus-per-task=1",
+        "#SBATCH --time=1:00:00",
+        "#SBATCH --output=runs/g/slurm/%x_%A_%a.out",
+        "env_ids=(CartPole-v1 CartPole-v1 Acrobot-v1 Acrobot-v1)",
+        "seeds=(1 2 1 2)",
+        "runs=(g/CartPole-v1__ppo__1 g/CartPole-v1__ppo__2 g/Acrobot-v1__ppo__1 g/Acrobot-v1__ppo__2)",
+    ]:
+        assert line in first.splitlines(), line
+    assert "--partition" not in first and "#SBATCH --gpus" not in first  # no site-specific partition, CPU-only
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+    multi = ["--torchrun", MULTI, "--nodes", "2", "--gpus-per-node", "8", "--job-name", "m", "--", "--num-envs", "128"]
+    assert submit_exp.main(multi) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --gpus-per-node=8" in text
+    assert re.search(r"srun .*torch.distributed.run --nnodes=\"\$SLURM_NTASKS\" --nproc-per-node=8 "
+                     r"--rdzv-backend=c10d --rdzv-endpoint=\"\$head:\$port\"", text)  # fmt: skip
+    assert f'{MULTI} --num-envs 128 --run-name "$RUN"' in text
+
+
+def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_API_KEY", "sk-not-to-be-seen")
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:wandb"
+    argv = ["--backend", "aws-batch", "--job-queue", "q", "--image", "img:1", "--secret", f"WANDB_API_KEY={arn}"]
+    argv += ["--torchrun", MULTI, "--nodes", "2", "--gpus-per-node", "4", "--cpus", "16", "--mem-gb", "64"]
+    assert submit_exp.main([*argv, "--job-name", "m", "--", "--num-envs", "32"]) == 0
+    out = capsys.readouterr().out
+    definition = json.loads(out.split("# and the job")[0].split("\n", 1)[1])
+    node = definition["nodeProperties"]
+    assert definition["type"] == "multinode" and node["numNodes"] == 2 and node["mainNode"] == 0
+    container = node["nodeRangeProperties"][0]["container"]
+    assert container["command"] == [MULTI, "--num-envs", "32"]
+    assert {r["type"]: r["value"] for r in container["resourceRequirements"]} == {
+        "VCPU": "16",
+        "MEMORY": str(64 * 1024),
+        "GPU": "4",
+    }
+    assert container["secrets"] == [{"name": "WANDB_API_KEY", "valueFrom": arn}]
+    assert {"name": "CLEANRL_NPROC_PER_NODE", "value": "4"} in container["environment"]
+    assert definition["retryStrategy"]["evaluateOnExit"][0] == {"onStatusReason": "Host EC2*", "action": "RETRY"}
+    assert "sk-not-to-be-seen" not in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "pbs", "--command", f"python {PPO}", "--env-ids", "CartPole-v1"], "--backend pbs: must be"),
+        (["--backend", "aws-batch", "--image", "i", "--command", f"python {PPO}", "--env-ids", "CartPole-v1"],
+         "--job-queue: required"),
+        (["--torchrun", MULTI, "--nodes", "0"], "--nodes 0: must be at least 1"),
+        (["--torchrun", MULTI, "--gpus-per-node", "17"], "--gpus-per-node 17: a node has 0 to 16 GPUs"),
+        (["--command", "python train.py", "--env-ids", "CartPole-v1"], "train.py: not a script of this project"),
+        (["--command", f"python {PPO} --learning-rat 1", "--env-ids", "CartPole-v1"],
+         "ppo.py: Unrecognized options: --learning-rat"),
+        (["--command", f"python {PPO} --num-minibatches 3", "--env-ids", "CartPole-v1"],
+         "ppo.py: --num-minibatches 3: must divide"),
+        (["--torchrun", MULTI, "--nodes", "2", "--", "--num-envs", "3"], "--num-envs 3: must be a multiple"),
+        (["--command", f"python {PPO}"], "--env-ids: a grid needs at least one env id"),
+        (["--command", f"python {PPO}", "--env-ids", "CartPole-v1", "--time", "90"], "--time 90: must be HH:MM:SS"),
+        (["--backend", "aws-batch", "--job-queue", "q", "--image", "i", "--secret", "WANDB_API_KEY=abc",
+          "--command", f"python {PPO}", "--env-ids", "CartPole-v1"], "--secret WANDB_API_KEY=abc: must be NAME=arn"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_and_submits_nothing(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: had anything been submitted, this would fail differently
+    assert submit_exp.main(["--submit", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# A real single-host SLURM cluster
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm():
+    """slurmctld + slurmd on this host (root), with munge; stopped after the tests of this module."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    tools = {b: shutil.which(b, path=path) for b in ("slurmctld", "slurmd", "sbatch", "munged", "mungekey", "runuser")}
+    if not all(tools[b] for b in ("slurmctld", "slurmd", "sbatch", "munged")) or os.geteuid() != 0:
+        pytest.skip("needs Debian's slurm-wlm and munge, as root (.ci/run installs them)")
+    root = Path(tempfile.mkdtemp(prefix="cleanrl-slurm-"))
+    for d in ("state", "spool", "log"):
+        (root / d).mkdir()
+    host = socket.gethostname()
+    ctld, slurmd_port = free_port(), free_port()
+    conf = root / "slurm.conf"
+    conf.write_text(
+        f"""ClusterName=cleanrltest
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+SlurmctldPort={ctld}
+SlurmdPort={slurmd_port}
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+KillWait=5
+MinJobAge=600
+NodeName={host} CPUs={os.cpu_count()} RealMemory=8000 State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+    )
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    started_munge = None
+    if not Path("/run/munge/munge.socket.2").exists():
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        if not Path("/etc/munge/munge.key").exists():
+            subprocess.run([tools["runuser"], "-u", "munge", "--", tools["mungekey"], "--create"], check=True)
+        subprocess.run([tools["runuser"], "-u", "munge", "--", tools["munged"]], check=True)
+        started_munge = True
+    subprocess.run([tools["slurmctld"], "-f", str(conf)], env=env, check=True)
+    subprocess.run([tools["slurmd"], "-f", str(conf)], env=env, check=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        info = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True)
+        if info.stdout.strip() == "idle":
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the test cluster did not come up: {info.stdout} {info.stderr}")
+    os.environ["SLURM_CONF"] = str(conf)
+    try:
+        yield env
+    finally:
+        subprocess.run(["scancel", "--user=root"], env=env)
+        for pid_file in ("slurmd.pid", "slurmctld.pid"):
+            try:
+                os.kill(int((root / pid_file).read_text()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        if started_munge:
+            try:
+                os.kill(int(Path("/run/munge/munged.pid").read_text()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        os.environ.pop("SLURM_CONF", None)
+        time.sleep(1)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def queue_empty(job: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout
+    return not out.strip()
+
+
+def submit(cwd: Path, *argv: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "cleanrl_utils.submit_exp", "--submit", *argv], cwd=cwd,
+                          env=script_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return re.search(r"job (\d+)", proc.stdout).group(1)
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    found = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
+    assert found, f"no checkpoint in {run_dir}"
+    return found[-1]
+
+
+def test_slurm_array_of_two_seeds(slurm, tmp_path):
+    job = submit(tmp_path, "--command", f"python {PPO} --total-timesteps 1024 --checkpoint-interval 512",
+                 "--env-ids", "CartPole-v1", "--num-seeds", "2", "--cpus", "1", "--mem-gb", "1", "--job-name", "arr")  # fmt: skip
+    wait_for(lambda: queue_empty(job), 180, "the array to finish")
+    for seed in (1, 2):
+        run_dir = tmp_path / f"runs/arr/CartPole-v1__ppo__{seed}"
+        checkpoint = torch.load(final_checkpoint(run_dir), weights_only=True)
+        assert checkpoint["global_step"] == 1024 and checkpoint["args"]["seed"] == seed
+        log = (tmp_path / f"runs/arr/slurm/arr_{job}_{seed - 1}.out").read_text()
+        assert "done: 1,024 steps" in log
+    manifest = json.loads(next((tmp_path / "runs/submissions").glob("arr-*.json")).read_text())
+    assert manifest["job_ids"] == [job] and [t["seed"] for t in manifest["tasks"]] == [1, 2]
+    status = subprocess.run([sys.executable, "-m", "cleanrl_utils.submit_exp", "status", "arr"], cwd=tmp_path,
+                            env=script_env(), capture_output=True, text=True)  # fmt: skip
+    assert status.stdout.count(": finished") == 2, status.stdout
+
+
+def test_slurm_requeued_task_resumes_from_its_checkpoint(slurm, tmp_path):
+    total = 40960
+    job = submit(tmp_path, "--command", f"python {PPO} --total-timesteps {total} --checkpoint-interval 2048",
+                 "--env-ids", "CartPole-v1", "--cpus", "1", "--mem-gb", "1", "--job-name", "rq")  # fmt: skip
+    run_dir = tmp_path / "runs/rq/CartPole-v1__ppo__1"
+    wait_for(lambda: list((run_dir / "checkpoints").glob("ckpt_*.pt")), 120, "the first checkpoint")
+    subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True)
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])  # skip SLURM's requeue hold
+    wait_for(lambda: queue_empty(job), 240, "the requeued task to finish")
+    log = (tmp_path / f"runs/rq/slurm/rq_{job}_0.out").read_text()
+    stopped = re.search(r"stopped by signal 15 at step (\d+)", log)
+    assert (
+        stopped and f"resuming from runs/rq/CartPole-v1__ppo__1/checkpoints/ckpt_{int(stopped.group(1)):08d}.pt" in log
+    )
+    assert f"done: {total:,} steps" in log
+    assert torch.load(final_checkpoint(run_dir), weights_only=True)["global_step"] == total
+
+
+def test_slurm_multinode_template_on_one_host(slurm, tmp_path):
+    job = submit(tmp_path, "--torchrun", MULTI, "--nodes", "2", "--one-host", "--cpus", "1", "--mem-gb", "2",
+                 "--job-name", "mn", "--", *TINY_MULTI)  # fmt: skip
+    wait_for(lambda: queue_empty(job), 240, "the 2-node job to finish")
+    log = (tmp_path / f"runs/mn/slurm/mn_{job}.out").read_text()
+    assert "0: done: 256 steps" in log, log[-2000:]
+    rank_digests_agree(final_checkpoint(tmp_path / "runs/mn/run"))
+
+
+# --------------------------------------------------------------------------------------------
+# AWS Batch against a local moto server
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    if shutil.which("moto_server") is None:
+        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    port = free_port()
+    proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"})
+    import boto3
+
+    batch = boto3.client("batch", endpoint_url=url)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            iam = boto3.client("iam", endpoint_url=url)
+            role = iam.create_role(RoleName="batch", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    env = batch.create_compute_environment(computeEnvironmentName="cenv", type="UNMANAGED", serviceRole=role)
+    batch.create_job_queue(jobQueueName="gpu-queue", state="ENABLED", priority=1,
+                           computeEnvironmentOrder=[{"order": 1, "computeEnvironment": env["computeEnvironmentArn"]}])  # fmt: skip
+    try:
+        yield url, batch
+    finally:
+        proc.terminate()
+        proc.wait()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_aws_batch_definitions_and_jobs(moto_endpoint, tmp_path, monkeypatch, capsys):
+    url, batch = moto_endpoint
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_API_KEY", "sk-not-to-be-seen")
+    sent: list[bytes] = []
+    make = submit_exp.batch_client
+
+    def recording_client(args):  # every request body that leaves for the service
+        client = make(args)
+        client.meta.events.register("before-send.batch.*", lambda request, **_: sent.append(request.body or b""))
+        return client
+
+    monkeypatch.setattr(submit_exp, "batch_client", recording_client)
+    arn = "arn:aws:ssm:us-east-1:123456789012:parameter/wandb-key"
+    common = ["--backend", "aws-batch", "--endpoint-url", url, "--job-queue", "gpu-queue", "--image", "img:abc"]
+    common += ["--secret", f"WANDB_API_KEY={arn}", "--submit"]
+    grid = [*common, "--command", f"python {PPO} --track", "--env-ids", "CartPole-v1", "Acrobot-v1"]
+    grid += ["--num-seeds", "3", "--job-name", "grid", "--gpus-per-node", "1", "--retries", "2"]
+    assert submit_exp.main(grid) == 0
+    assert submit_exp.main(grid) == 0  # the same definition again: reused, not registered twice
+    multi = [*common, "--torchrun", MULTI, "--nodes", "2", "--gpus-per-node", "8", "--job-name", "multi"]
+    assert submit_exp.main([*multi, "--", "--num-envs", "64"]) == 0
+    out = capsys.readouterr()
+
+    definitions = batch.describe_job_definitions(jobDefinitionName="grid", status="ACTIVE")["jobDefinitions"]
+    assert len(definitions) == 1
+    container = definitions[0]["containerProperties"]
+    assert container["image"] == "img:abc" and container["command"] == ["python", PPO, "--track"]
+    assert {r["type"]: r["value"] for r in container["resourceRequirements"]} == {
+        "VCPU": "4",
+        "MEMORY": "16384",
+        "GPU": "1",
+    }
+    assert container["secrets"] == [{"name": "WANDB_API_KEY", "valueFrom": arn}]
+    retry = definitions[0]["retryStrategy"]
+    assert retry["attempts"] == 3 and [e["action"].upper() for e in retry["evaluateOnExit"]] == ["RETRY", "EXIT"]
+    manifests = sorted((tmp_path / "runs/submissions").glob("grid-*.json"))
+    job_id = json.loads(manifests[-1].read_text())["job_ids"][0]
+    job = batch.describe_jobs(jobs=[job_id])["jobs"][0]
+    assert job["arrayProperties"]["size"] == 6
+    grid_env = {e["name"]: e["value"] for e in job["container"]["environment"]}["CLEANRL_GRID"].split()
+    assert grid_env[0] == "CartPole-v1|1|grid/CartPole-v1__ppo__1" and grid_env[5].startswith("Acrobot-v1|3|")
+
+    # moto keeps no nodeProperties: read the multi-node definition and job from the requests themselves
+    bodies = [json.loads(body) for body in sent if body.startswith(b"{")]
+    mdef = next(b for b in bodies if b.get("jobDefinitionName") == "multi" and "type" in b)
+    node_props = mdef["nodeProperties"]
+    assert mdef["type"] == "multinode" and node_props["numNodes"] == 2 and node_props["mainNode"] == 0
+    assert node_props["nodeRangeProperties"][0]["container"]["command"] == [MULTI, "--num-envs", "64"]
+    assert node_props["nodeRangeProperties"][0]["container"]["secrets"] == [{"name": "WANDB_API_KEY", "valueFrom": arn}]
+    mjob = next(b for b in bodies if b.get("jobName") == "multi")
+    assert mjob["nodeOverrides"] == {"numNodes": 2} and mjob["jobQueue"] == "gpu-queue"
+    registered = [b for b in bodies if "jobDefinitionName" in b and "type" in b]
+    assert [b["jobDefinitionName"] for b in registered] == ["grid", "multi"]  # the second grid reused its definition
+    multi_manifest = json.loads(next((tmp_path / "runs/submissions").glob("multi-*.json")).read_text())
+    assert batch.describe_jobs(jobs=multi_manifest["job_ids"])["jobs"][0]["jobName"] == "multi"
+
+    assert sent and all(b"sk-not-to-be-seen" not in body for body in sent)
+    assert "sk-not-to-be-seen" not in out.out + out.err
+    for path in (tmp_path / "runs").rglob("*.json"):
+        assert "sk-not-to-be-seen" not in path.read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# The image's entrypoint, on the host
+# --------------------------------------------------------------------------------------------
+ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+
+
+def test_entrypoint_starts_two_nodes_that_train_together(tmp_path):
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        env = script_env({"AWS_BATCH_JOB_NUM_NODES": "2", "AWS_BATCH_JOB_NODE_INDEX": str(node),
+                          "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0", "AWS_BATCH_JOB_ID": f"job123#{node}",
+                          "CLEANRL_WORKDIR": str(tmp_path), "CLEANRL_JOB_NAME": "e", "CLEANRL_RDZV_PORT": str(port)})  # fmt: skip
+        if node == 1:  # only child nodes get the main node's address
+            env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = "127.0.0.1"
+        procs.append(subprocess.Popen(["bash", str(ENTRYPOINT), MULTI, *TINY_MULTI], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-3000:]
+    assert "node 0 of 2" in outs[0] and "node 1 of 2, rendezvous 127.0.0.1" in outs[1]
+    rank_digests_agree(final_checkpoint(tmp_path / "runs/e-job123/run"))
+
+
+def test_entrypoint_runs_its_grid_task(tmp_path):
+    env = script_env({"CLEANRL_GRID": "CartPole-v1|1|g/CartPole-v1__fake_train__1 Acrobot-v1|2|g/Acrobot-v1__fake_train__2",
+                      "AWS_BATCH_JOB_ARRAY_INDEX": "1", "AWS_BATCH_JOB_ID": "abc:1", "CLEANRL_WORKDIR": str(tmp_path),
+                      "CLEANRL_JOB_NAME": "g"})  # fmt: skip
+    fake = str(REPO / "tests" / "fake_train.py")
+    proc = subprocess.run(["bash", str(ENTRYPOINT), sys.executable, fake, "--step-time", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from cleanrl_utils.tb import ScalarReader
+
+    hp = ScalarReader(tmp_path / "runs/g-abc/Acrobot-v1__fake_train__2").update().hyperparameters()
+    assert (hp["env_id"], hp["seed"]) == ("Acrobot-v1", "2")
+
+
+def test_dockerfile_inputs_exist_and_its_entrypoint_is_the_tested_one():
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM pytorch/pytorch:\S+-cuda\S+-runtime", text, re.M)
+    assert "org.opencontainers.image.revision" in text and "ARG GIT_REVISION" in text
+    for line in re.findall(r"^COPY (.+)$", text, re.M):
+        *sources, _ = line.split()
+        for source in sources:
+            assert (REPO / source).exists(), source
+    assert re.search(r'^ENTRYPOINT \["/workspace/docker/entrypoint.sh"\]', text, re.M)
+    assert "COPY docker/entrypoint.sh docker/entrypoint.sh" in text and "WORKDIR /workspace" in text
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert not {"cleanrl", "cleanrl_utils", "docker", "pyproject.toml"} & set(ignored)
