@@ -406,12 +406,12 @@ def test_entrypoint_starts_two_nodes_that_train_together(tmp_path):
                           "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0", "AWS_BATCH_JOB_ID": f"job123#{node}",
                           "CLEANRL_WORKDIR": str(tmp_path), "CLEANRL_JOB_NAME": "e", "CLEANRL_RDZV_PORT": str(port)})  # fmt: skip
         if node == 1:  # only child nodes get the main node's address
-            env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = "127.0.0.1"
+            env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = "127.0.0.2"  # not what the main node calls itself
         procs.append(subprocess.Popen(["bash", str(ENTRYPOINT), MULTI, *TINY_MULTI], env=env, cwd=tmp_path,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-3000:]
-    assert "node 0 of 2" in outs[0] and "node 1 of 2, rendezvous 127.0.0.1" in outs[1]
+    assert "node 0 of 2" in outs[0] and "node 1 of 2, rendezvous 127.0.0.2" in outs[1]
     rank_digests_agree(final_checkpoint(tmp_path / "runs/e-job123/run"))
 
 
