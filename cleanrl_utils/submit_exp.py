@@ -43,6 +43,7 @@ from cleanrl_utils.benchmark import check_script_args, exp_name
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = Path("runs") / "submissions"
 MAX_GPUS_PER_NODE = 16
+TUNER = "cleanrl_utils/tuner.py"
 
 
 class SubmitError(Exception):
@@ -101,6 +102,8 @@ class Args:
     """AWS region (default: boto3's)"""
     endpoint_url: str | None = None
     """AWS Batch endpoint (e.g. a local test endpoint)"""
+    tasks: int = 1
+    """a tuner command (cleanrl_utils/tuner.py): run it as this many identical array tasks (its workers)"""
     submit: bool = False
     """submit; without it, print what would be submitted"""
 
@@ -154,6 +157,13 @@ def check(args: Args, extra: list[str]) -> Plan:
             name, sep, arn = item.partition("=")
             if not sep or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) or not arn.startswith("arn:aws"):
                 raise SubmitError(f"--secret {item}: must be NAME=arn:aws:secretsmanager:... or arn:aws:ssm:...")
+    if args.tasks < 1:
+        raise SubmitError(f"--tasks {args.tasks}: must be a positive integer")
+    if args.command is not None and script_in(shlex.split(args.command))[0] == REPO / TUNER:
+        # tuner workers: the same command N times; they share the study through its --storage
+        argv = shlex.split(args.command) + extra
+        check_tuner(script_in(argv)[1])
+        return Plan("workers", argv, [Task("", 0, "") for _ in range(args.tasks)])
     if args.command is not None:
         if not args.env_ids:
             raise SubmitError("--env-ids: a grid needs at least one env id")
@@ -183,9 +193,34 @@ def script_in(argv: list[str]) -> tuple[Path, list[str]]:
         raise SubmitError(f"--command {shlex.join(argv)}: runs no .py script")
     script = Path(argv[index])
     resolved = (Path.cwd() / script).resolve() if not script.is_absolute() else script
-    if resolved.parent != REPO / "cleanrl" or not resolved.exists():
-        raise SubmitError(f"{script}: not a script of this project (cleanrl/*.py)")
+    if not resolved.exists() or (resolved.parent != REPO / "cleanrl" and resolved != REPO / TUNER):
+        raise SubmitError(f"{script}: not a script of this project (cleanrl/*.py or {TUNER})")
     return resolved, argv[index + 1 :]
+
+
+def check_tuner(flags: list[str]) -> None:
+    """The tuner's own command-line parsing and checks, without starting a study."""
+    import contextlib
+    import io
+
+    from cleanrl_utils import tuner
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            tuner.build(tyro.cli(tuner.Args, args=flags))
+    except SystemExit:
+        # tyro's error box, unwrapped: its text lines without the frame, the title and the help hint
+        lines = [line.strip(" │╭╰─╮╯|+-") for line in stderr.getvalue().splitlines()]
+        lines = [x for x in lines if re.search("[A-Za-z]", x) and "--help" not in x]
+        if len(lines) > 1 and not re.search("[:'.]", lines[0]):
+            lines = lines[1:]
+        body = " ".join(lines)
+        raise SubmitError(f"tuner.py: {body or 'its command line is refused'}") from None
+    except tuner.TunerError as error:
+        raise SubmitError(f"tuner.py: {error}") from None
+    if not any(f.startswith("--storage") for f in flags):
+        raise SubmitError("tuner.py: give --storage (e.g. postgresql://...): workers on several nodes share one study")
 
 
 def validate(script: Path, flags: list[str], world_size: int) -> None:
@@ -212,7 +247,7 @@ child=$!
 set +e
 wait "$child"; status=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
-if [ "$requeue" = 1 ]; then
+if [ "$requeue" = 1 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$retries" ]; then
     echo "time limit near: checkpoint written (exit $status), requeueing"
     scontrol requeue "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}"
 fi
@@ -230,7 +265,14 @@ def slurm_script(args: Args, plan: Plan, workdir: Path) -> str:
         lines.append(f"#SBATCH --account={args.account}")
     if args.requeue:
         lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{args.signal_before}"]
-    if plan.kind == "grid":
+    if plan.kind == "workers":
+        throttle = f"%{args.array_parallelism}" if args.array_parallelism else ""
+        lines += [f"#SBATCH --array=0-{len(plan.tasks) - 1}{throttle}", f"#SBATCH --cpus-per-task={args.cpus}"]
+        lines.append(f"#SBATCH --output={logs}/%x_%A_%a.out")
+        if args.gpus_per_node:
+            lines.append(f"#SBATCH --gpus-per-task={args.gpus_per_node}")
+        lines += ["set -euo pipefail", "", f"cmd=({shlex.join(plan.argv)})"]
+    elif plan.kind == "grid":
         throttle = f"%{args.array_parallelism}" if args.array_parallelism else ""
         lines += [f"#SBATCH --array=0-{len(plan.tasks) - 1}{throttle}", f"#SBATCH --cpus-per-task={args.cpus}"]
         lines.append(f"#SBATCH --output={logs}/%x_%A_%a.out")
@@ -262,7 +304,7 @@ def slurm_script(args: Args, plan: Plan, workdir: Path) -> str:
             f'--rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --max-restarts={args.retries} '
             f'{shlex.join(plan.argv)} --run-name "$RUN" --no-progress "${{resume[@]}}")'
         )
-    lines += ["", SUPERVISE, ""]
+    lines += ["", f"retries={args.retries}", SUPERVISE, ""]
     return "\n".join(lines)
 
 
@@ -324,7 +366,7 @@ def job_definition(args: Args, plan: Plan) -> dict[str, Any]:
         "timeout": {"attemptDurationSeconds": seconds(args.time)},
     }
     container = container_properties(args, plan)
-    if plan.kind == "grid":
+    if plan.kind in ("grid", "workers"):
         definition["type"] = "container"
         definition["containerProperties"] = container
     else:
@@ -370,7 +412,7 @@ def submit_aws(args: Args, plan: Plan, client) -> tuple[list[str], str]:
     request: dict[str, Any] = {"jobName": args.job_name, "jobQueue": args.job_queue, "jobDefinition": arn}
     grid = " ".join(f"{t.env_id}|{t.seed}|{t.run_name}" for t in plan.tasks)
     environment = [{"name": "CLEANRL_GRID", "value": grid}] if plan.kind == "grid" else []
-    if plan.kind == "grid":
+    if plan.kind in ("grid", "workers"):
         if len(plan.tasks) > 1:
             request["arrayProperties"] = {"size": len(plan.tasks)}
         request["containerOverrides"] = {"environment": environment}
@@ -382,12 +424,12 @@ def submit_aws(args: Args, plan: Plan, client) -> tuple[list[str], str]:
 
 def aws_request_preview(args: Args, plan: Plan) -> dict[str, Any]:
     request: dict[str, Any] = {"jobName": args.job_name, "jobQueue": args.job_queue, "jobDefinition": args.job_name}
+    if plan.kind in ("grid", "workers") and len(plan.tasks) > 1:
+        request["arrayProperties"] = {"size": len(plan.tasks)}
     if plan.kind == "grid":
-        if len(plan.tasks) > 1:
-            request["arrayProperties"] = {"size": len(plan.tasks)}
         grid = " ".join(f"{t.env_id}|{t.seed}|{t.run_name}" for t in plan.tasks)
         request["containerOverrides"] = {"environment": [{"name": "CLEANRL_GRID", "value": grid}]}
-    else:
+    elif plan.kind == "multinode":
         request["nodeOverrides"] = {"numNodes": args.nodes}
     return request
 

@@ -68,6 +68,7 @@ def test_slurm_dry_run_is_complete_and_stable(tmp_path, monkeypatch, capsys):
     ]:
         assert line in first.splitlines(), line
     assert "--partition" not in first and "#SBATCH --gpus" not in first  # no site-specific partition, CPU-only
+    assert "retries=2" in first.splitlines()  # the self-requeue before the time limit is bounded by --retries
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
     multi = ["--torchrun", MULTI, "--nodes", "2", "--gpus-per-node", "8", "--job-name", "m", "--", "--num-envs", "128"]
@@ -77,6 +78,13 @@ def test_slurm_dry_run_is_complete_and_stable(tmp_path, monkeypatch, capsys):
     assert re.search(r"srun .*torch.distributed.run --nnodes=\"\$SLURM_NTASKS\" --nproc-per-node=8 "
                      r"--rdzv-backend=c10d --rdzv-endpoint=\"\$head:\$port\"", text)  # fmt: skip
     assert f'{MULTI} --num-envs 128 --run-name "$RUN"' in text
+
+
+def test_tuner_workers_are_an_array_of_the_same_command(tmp_path, monkeypatch, capsys):
+    tuner = f"python {REPO}/cleanrl_utils/tuner.py --algorithm ppo --env-ids CartPole-v1 --storage postgresql://db/s"
+    assert submit_exp.main(["--command", tuner, "--tasks", "8", "--array-parallelism", "4", "--job-name", "t"]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --array=0-7%4" in text and f"cmd=({tuner})" in text and "--run-name" not in text.split("cmd=")[1]
 
 
 def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
@@ -118,6 +126,10 @@ def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
          "ppo.py: --num-minibatches 3: must divide"),
         (["--torchrun", MULTI, "--nodes", "2", "--", "--num-envs", "3"], "--num-envs 3: must be a multiple"),
         (["--command", f"python {PPO}"], "--env-ids: a grid needs at least one env id"),
+        (["--command", f"python {REPO}/cleanrl_utils/tuner.py --algorithm ppo --env-ids CartPole-v1", "--tasks", "4"],
+         "tuner.py: give --storage"),
+        (["--command", f"python {REPO}/cleanrl_utils/tuner.py --algorithm ppx --env-ids CartPole-v1 --storage x"],
+         "tuner.py: invalid choice 'ppx' for argument '--algorithm'"),
         (["--command", f"python {PPO}", "--env-ids", "CartPole-v1", "--time", "90"], "--time 90: must be HH:MM:SS"),
         (["--backend", "aws-batch", "--job-queue", "q", "--image", "i", "--secret", "WANDB_API_KEY=abc",
           "--command", f"python {PPO}", "--env-ids", "CartPole-v1"], "--secret WANDB_API_KEY=abc: must be NAME=arn"),
