@@ -291,6 +291,16 @@ def test_slurm_requeued_task_resumes_from_its_checkpoint(slurm, tmp_path):
     assert torch.load(final_checkpoint(run_dir), weights_only=True)["global_step"] == total
 
 
+def test_slurm_cancel_stops_what_was_submitted(slurm, tmp_path):
+    job = submit(tmp_path, "--command", f"python {PPO} --total-timesteps 10000000", "--env-ids", "CartPole-v1",
+                 "--num-seeds", "2", "--cpus", "1", "--mem-gb", "1", "--job-name", "cx")  # fmt: skip
+    wait_for(lambda: not queue_empty(job), 30, "the job to be queued")
+    out = subprocess.run([sys.executable, "-m", "cleanrl_utils.submit_exp", "cancel", "cx"], cwd=tmp_path,
+                         env=script_env(), capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0 and f"cancelled cx: {job}" in out.stdout
+    wait_for(lambda: queue_empty(job), 60, "the cancelled job to leave the queue")
+
+
 def test_slurm_multinode_template_on_one_host(slurm, tmp_path):
     job = submit(tmp_path, "--torchrun", MULTI, "--nodes", "2", "--one-host", "--cpus", "1", "--mem-gb", "2",
                  "--job-name", "mn", "--", *TINY_MULTI)  # fmt: skip
@@ -398,6 +408,8 @@ def test_aws_batch_definitions_and_jobs(moto_endpoint, tmp_path, monkeypatch, ca
     multi_manifest = json.loads(next((tmp_path / "runs/submissions").glob("multi-*.json")).read_text())
     assert batch.describe_jobs(jobs=multi_manifest["job_ids"])["jobs"][0]["jobName"] == "multi"
 
+    assert submit_exp.main(["status", "grid"]) == 0
+    assert f"grid {job_id}: " in capsys.readouterr().out
     assert sent and all(b"sk-not-to-be-seen" not in body for body in sent)
     assert "sk-not-to-be-seen" not in out.out + out.err
     for path in (tmp_path / "runs").rglob("*.json"):
