@@ -212,6 +212,9 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         yield env
     finally:
         subprocess.run(["scancel", "--user=root"], env=env)
+        deadline = time.monotonic() + 30  # let the cancelled jobs' steps end before the daemons go
+        while time.monotonic() < deadline and subprocess.run(["squeue", "-h"], env=env, capture_output=True).stdout:
+            time.sleep(0.5)
         for pid_file in ("slurmd.pid", "slurmctld.pid"):
             try:
                 os.kill(int((root / pid_file).read_text()), signal.SIGTERM)
