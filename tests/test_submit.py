@@ -294,6 +294,23 @@ def test_slurm_requeued_task_resumes_from_its_checkpoint(slurm, tmp_path):
     assert torch.load(final_checkpoint(run_dir), weights_only=True)["global_step"] == total
 
 
+def test_slurm_time_limit_checkpoints_and_requeues_within_retries(slurm, tmp_path):
+    """45 s before the 1-minute limit the run checkpoints and the task requeues itself; the requeued
+    attempt resumes from that checkpoint; with --retries 1 the second warning does not requeue again."""
+    job = submit(tmp_path, "--command", f"python {PPO} --total-timesteps 10000000 --checkpoint-interval 100000",
+                 "--env-ids", "CartPole-v1", "--cpus", "1", "--mem-gb", "1", "--job-name", "tl", "--time", "0:01:00",
+                 "--signal-before", "45", "--retries", "1")  # fmt: skip
+    log = tmp_path / f"runs/tl/slurm/tl_{job}_0.out"
+    wait_for(lambda: log.exists() and "requeueing" in log.read_text(), 90, "the time-limit warning")
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])  # skip SLURM's requeue hold
+    wait_for(lambda: log.read_text().count("stopped by signal 15") == 2 and queue_empty(job), 120, "the second attempt")
+    text = log.read_text()
+    first = re.search(r"stopped by signal 15 at step (\d+); checkpoint (\S+)", text)
+    assert f"resuming from {first.group(2)}" in text
+    assert text.count("requeueing") == 1  # SLURM_RESTART_COUNT reached --retries
+
+
 def test_slurm_cancel_stops_what_was_submitted(slurm, tmp_path):
     job = submit(tmp_path, "--command", f"python {PPO} --total-timesteps 10000000", "--env-ids", "CartPole-v1",
                  "--num-seeds", "2", "--cpus", "1", "--mem-gb", "1", "--job-name", "cx")  # fmt: skip
