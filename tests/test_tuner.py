@@ -409,7 +409,7 @@ def test_claim_never_overshoots_the_budget():
 
 
 def test_ctrl_c_stops_runs_and_fails_the_trial_then_resumes(tmp_path, marker):
-    space = write_space(tmp_path / "space.json", {"quality": [0.5], "total-timesteps": 2000, "step-time": 0.1})
+    space = write_space(tmp_path / "space.json", {"quality": [0.5], "total-timesteps": 2000, "step-time": 0.3})
     args = [TUNER, "--script", FAKE, "--env-ids", "CartPole-v1", "--space", space, "--pruner", "none"]
     args += ["--study-name", "i", "--num-trials", "2", "--progress-interval", "1"]
     env = script_env({"CLEANRL_TEST_MARKER": marker})
@@ -418,9 +418,10 @@ def test_ctrl_c_stops_runs_and_fails_the_trial_then_resumes(tmp_path, marker):
     deadline = time.monotonic() + 60
     while not pids.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert pids.exists(), "the first trial did not start within 60 s"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in out
+    assert proc.returncode == 130 and "interrupted" in out, out
     assert not processes_with_marker(marker)
     study = load(f"sqlite:///{tmp_path}/runs/i/optuna.db", "i")
     assert [(t.state.name, t.user_attrs.get("error")) for t in study.get_trials()] == [("FAIL", "interrupted")]
