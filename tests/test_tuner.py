@@ -413,7 +413,9 @@ def test_ctrl_c_stops_runs_and_fails_the_trial_then_resumes(tmp_path, marker):
     args = [TUNER, "--script", FAKE, "--env-ids", "CartPole-v1", "--space", space, "--pruner", "none"]
     args += ["--study-name", "i", "--num-trials", "2", "--progress-interval", "1"]
     env = script_env({"CLEANRL_TEST_MARKER": marker})
-    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    # as from a terminal: a shell runs background jobs with SIGINT ignored, and Python keeps it ignored
+    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     pids = tmp_path / "runs/i/t0000/CartPole-v1__1/pids"
     deadline = time.monotonic() + 60
     while not pids.exists() and time.monotonic() < deadline:
