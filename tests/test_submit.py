@@ -160,6 +160,9 @@ def slurm():
     host = socket.gethostname()
     ctld, slurmd_port = free_port(), free_port()
     conf = root / "slurm.conf"
+    import psutil
+
+    memory_mb = min(8000, int(psutil.virtual_memory().total / 2**20 * 0.8))  # never more than the host has
     conf.write_text(
         f"""ClusterName=cleanrltest
 SlurmctldHost={host}
@@ -184,7 +187,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 KillWait=5
 MinJobAge=600
-NodeName={host} CPUs={os.cpu_count()} RealMemory=8000 State=UNKNOWN
+NodeName={host} CPUs={os.cpu_count()} RealMemory={memory_mb} State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
     )
