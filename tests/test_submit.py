@@ -95,6 +95,8 @@ def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
     argv += ["--torchrun", MULTI, "--nodes", "2", "--gpus-per-node", "4", "--cpus", "16", "--mem-gb", "64"]
     assert submit_exp.main([*argv, "--job-name", "m", "--", "--num-envs", "32"]) == 0
     out = capsys.readouterr().out
+    assert submit_exp.main([*argv, "--job-name", "m", "--", "--num-envs", "32"]) == 0
+    assert capsys.readouterr().out == out  # stable
     definition = json.loads(out.split("# and the job")[0].split("\n", 1)[1])
     node = definition["nodeProperties"]
     assert definition["type"] == "multinode" and node["numNodes"] == 2 and node["mainNode"] == 0
