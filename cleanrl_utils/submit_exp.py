@@ -163,7 +163,7 @@ def check(args: Args, extra: list[str]) -> Plan:
         # tuner workers: the same command N times; they share the study through its --storage
         argv = shlex.split(args.command) + extra
         check_tuner(script_in(argv)[1])
-        return Plan("workers", argv, [Task("", 0, "") for _ in range(args.tasks)])
+        return Plan("workers", in_image(args, argv), [Task("", 0, "") for _ in range(args.tasks)])
     if args.command is not None:
         if not args.env_ids:
             raise SubmitError("--env-ids: a grid needs at least one env id")
@@ -177,13 +177,21 @@ def check(args: Args, extra: list[str]) -> Plan:
                 validate(script, flags, 1)
                 run_name = f"{args.job_name}/{env_id.replace('/', '-')}__{exp_name(argv)}__{seed}"
                 tasks.append(Task(env_id, seed, run_name))
-        return Plan("grid", argv, tasks)
+        return Plan("grid", in_image(args, argv), tasks)
     script = Path(args.torchrun)
     argv = [str(script), *extra]
     nproc = max(1, args.gpus_per_node)
     _, tail = script_in(argv)
     validate(script, tail, nproc * args.nodes)
-    return Plan("multinode", argv, [Task("", 0, f"{args.job_name}/run")], nproc)
+    return Plan("multinode", in_image(args, argv), [Task("", 0, f"{args.job_name}/run")], nproc)
+
+
+def in_image(args: Args, argv: list[str]) -> list[str]:
+    """AWS Batch runs the command in the image's /workspace: the script by its path inside the project."""
+    if args.backend != "aws-batch":
+        return argv
+    index = next(i for i, token in enumerate(argv) if token.endswith(".py"))
+    return [*argv[:index], script_in(argv)[0].relative_to(REPO).as_posix(), *argv[index + 1 :]]
 
 
 def script_in(argv: list[str]) -> tuple[Path, list[str]]:

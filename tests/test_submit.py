@@ -101,7 +101,7 @@ def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
     node = definition["nodeProperties"]
     assert definition["type"] == "multinode" and node["numNodes"] == 2 and node["mainNode"] == 0
     container = node["nodeRangeProperties"][0]["container"]
-    assert container["command"] == [MULTI, "--num-envs", "32"]
+    assert container["command"] == ["cleanrl/ppo_atari_multigpu.py", "--num-envs", "32"]  # as in the image
     assert {r["type"]: r["value"] for r in container["resourceRequirements"]} == {
         "VCPU": "16",
         "MEMORY": str(64 * 1024),
@@ -403,7 +403,7 @@ def test_aws_batch_definitions_and_jobs(moto_endpoint, tmp_path, monkeypatch, ca
     definitions = batch.describe_job_definitions(jobDefinitionName="grid", status="ACTIVE")["jobDefinitions"]
     assert len(definitions) == 1
     container = definitions[0]["containerProperties"]
-    assert container["image"] == "img:abc" and container["command"] == ["python", PPO, "--track"]
+    assert container["image"] == "img:abc" and container["command"] == ["python", "cleanrl/ppo.py", "--track"]
     assert {r["type"]: r["value"] for r in container["resourceRequirements"]} == {
         "VCPU": "4",
         "MEMORY": "16384",
@@ -424,7 +424,11 @@ def test_aws_batch_definitions_and_jobs(moto_endpoint, tmp_path, monkeypatch, ca
     mdef = next(b for b in bodies if b.get("jobDefinitionName") == "multi" and "type" in b)
     node_props = mdef["nodeProperties"]
     assert mdef["type"] == "multinode" and node_props["numNodes"] == 2 and node_props["mainNode"] == 0
-    assert node_props["nodeRangeProperties"][0]["container"]["command"] == [MULTI, "--num-envs", "64"]
+    assert node_props["nodeRangeProperties"][0]["container"]["command"] == [
+        "cleanrl/ppo_atari_multigpu.py",
+        "--num-envs",
+        "64",
+    ]
     assert node_props["nodeRangeProperties"][0]["container"]["secrets"] == [{"name": "WANDB_API_KEY", "valueFrom": arn}]
     mjob = next(b for b in bodies if b.get("jobName") == "multi")
     assert mjob["nodeOverrides"] == {"numNodes": 2} and mjob["jobQueue"] == "gpu-queue"
