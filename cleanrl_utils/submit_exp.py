@@ -273,20 +273,16 @@ def slurm_script(args: Args, plan: Plan, workdir: Path) -> str:
         lines.append(f"#SBATCH --account={args.account}")
     if args.requeue:
         lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{args.signal_before}"]
-    if plan.kind == "workers":
-        throttle = f"%{args.array_parallelism}" if args.array_parallelism else ""
-        lines += [f"#SBATCH --array=0-{len(plan.tasks) - 1}{throttle}", f"#SBATCH --cpus-per-task={args.cpus}"]
-        lines.append(f"#SBATCH --output={logs}/%x_%A_%a.out")
-        if args.gpus_per_node:
-            lines.append(f"#SBATCH --gpus-per-task={args.gpus_per_node}")
-        lines += ["set -euo pipefail", "", f"cmd=({shlex.join(plan.argv)})"]
-    elif plan.kind == "grid":
+    if plan.kind in ("grid", "workers"):  # a job array: one task per run (grid) or per worker
         throttle = f"%{args.array_parallelism}" if args.array_parallelism else ""
         lines += [f"#SBATCH --array=0-{len(plan.tasks) - 1}{throttle}", f"#SBATCH --cpus-per-task={args.cpus}"]
         lines.append(f"#SBATCH --output={logs}/%x_%A_%a.out")
         if args.gpus_per_node:
             lines.append(f"#SBATCH --gpus-per-task={args.gpus_per_node}")
         lines += ["set -euo pipefail", ""]
+    if plan.kind == "workers":
+        lines.append(f"cmd=({shlex.join(plan.argv)})")
+    elif plan.kind == "grid":
         lines.append("env_ids=(" + " ".join(shlex.quote(t.env_id) for t in plan.tasks) + ")")
         lines.append("seeds=(" + " ".join(str(t.seed) for t in plan.tasks) + ")")
         lines.append("runs=(" + " ".join(shlex.quote(t.run_name) for t in plan.tasks) + ")")
@@ -417,21 +413,14 @@ def submit_aws(args: Args, plan: Plan, client) -> tuple[list[str], str]:
         arn = max(reuse, key=lambda d: d["revision"])["jobDefinitionArn"]
     else:
         arn = client.register_job_definition(**wanted)["jobDefinitionArn"]
-    request: dict[str, Any] = {"jobName": args.job_name, "jobQueue": args.job_queue, "jobDefinition": arn}
-    grid = " ".join(f"{t.env_id}|{t.seed}|{t.run_name}" for t in plan.tasks)
-    environment = [{"name": "CLEANRL_GRID", "value": grid}] if plan.kind == "grid" else []
-    if plan.kind in ("grid", "workers"):
-        if len(plan.tasks) > 1:
-            request["arrayProperties"] = {"size": len(plan.tasks)}
-        request["containerOverrides"] = {"environment": environment}
-    else:
-        request["nodeOverrides"] = {"numNodes": args.nodes}
+    request = job_request(args, plan, arn)
     job = client.submit_job(**request)
     return [job["jobId"]], arn
 
 
-def aws_request_preview(args: Args, plan: Plan) -> dict[str, Any]:
-    request: dict[str, Any] = {"jobName": args.job_name, "jobQueue": args.job_queue, "jobDefinition": args.job_name}
+def job_request(args: Args, plan: Plan, definition: str) -> dict[str, Any]:
+    """The submit_job request: an array of the grid's runs or of tuner workers, or a multi-node job."""
+    request: dict[str, Any] = {"jobName": args.job_name, "jobQueue": args.job_queue, "jobDefinition": definition}
     if plan.kind in ("grid", "workers") and len(plan.tasks) > 1:
         request["arrayProperties"] = {"size": len(plan.tasks)}
     if plan.kind == "grid":
@@ -538,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("# dry run: the job definition (registered unless an identical ACTIVE one exists)")
                 print(json.dumps(definition, indent=2))
                 print("# and the job; --submit to submit")
-                print(json.dumps(aws_request_preview(args, plan), indent=2))
+                print(json.dumps(job_request(args, plan, args.job_name), indent=2))
                 return 0
             job_ids, arn = submit_aws(args, plan, batch_client(args))
             for task in plan.tasks:  # the entrypoint keys run directories by the job: runs/<name>-<job id>/...
