@@ -25,6 +25,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -154,13 +155,23 @@ def check_script_args(script: Path, argv: list[str], world_size: int = 1):
             else:
                 module.validate(args)
     except SystemExit as exit_:
-        lines = [line.strip(" │╭╰─") for line in stderr.getvalue().splitlines()]
-        message = next((line[len("error:") :].strip() for line in lines if line.startswith("error:")), None)
-        message = message or next((line for line in lines if line.lower().startswith("unrecognized options:")), None)
-        return None, (message or f"exit code {exit_.code}: {' '.join(line for line in lines if line)[:300]}")
+        return None, refusal(stderr.getvalue()) or f"exit code {exit_.code}"
     finally:
         os.environ.update(saved)
     return args, None
+
+
+def refusal(stderr: str) -> str:
+    """The one line a refused command line printed: the scripts' ``error: ...`` line, or tyro's error
+    box unwrapped (its text without the frame, the title and the help hint)."""
+    lines = [line.strip(" │╭╰─╮╯|+-") for line in stderr.splitlines()]
+    own = next((line[len("error:") :].strip() for line in lines if line.startswith("error:")), None)
+    if own:
+        return own
+    lines = [line for line in lines if re.search("[A-Za-z]", line) and "--help" not in line]
+    if len(lines) > 1 and not re.search("[:'.]", lines[0]):
+        lines = lines[1:]
+    return " ".join(lines)[:300]
 
 
 # --------------------------------------------------------------------------------------------

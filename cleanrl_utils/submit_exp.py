@@ -38,7 +38,7 @@ from typing import Any
 
 import tyro
 
-from cleanrl_utils.benchmark import check_script_args, exp_name
+from cleanrl_utils.benchmark import check_script_args, exp_name, refusal
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = Path("runs") / "submissions"
@@ -218,13 +218,7 @@ def check_tuner(flags: list[str]) -> None:
         with contextlib.redirect_stderr(stderr):
             tuner.build(tyro.cli(tuner.Args, args=flags))
     except SystemExit:
-        # tyro's error box, unwrapped: its text lines without the frame, the title and the help hint
-        lines = [line.strip(" │╭╰─╮╯|+-") for line in stderr.getvalue().splitlines()]
-        lines = [x for x in lines if re.search("[A-Za-z]", x) and "--help" not in x]
-        if len(lines) > 1 and not re.search("[:'.]", lines[0]):
-            lines = lines[1:]
-        body = " ".join(lines)
-        raise SubmitError(f"tuner.py: {body or 'its command line is refused'}") from None
+        raise SubmitError(f"tuner.py: {refusal(stderr.getvalue()) or 'its command line is refused'}") from None
     except tuner.TunerError as error:
         raise SubmitError(f"tuner.py: {error}") from None
     if not any(f.startswith("--storage") for f in flags):
@@ -493,7 +487,7 @@ def cancel(job_name: str | None) -> int:
 
 
 def run_done(run_name: str) -> bool:
-    """A finished run's last line in its TensorBoard-free record: the newest checkpoint is the final one."""
+    """A run is finished when its newest checkpoint is at its total step count."""
     from cleanrl_utils.checkpoint import list_checkpoints, load_checkpoint
 
     found = list_checkpoints(Path("runs") / run_name / "checkpoints")

@@ -455,7 +455,7 @@ class Tuner:
         storage = self.storage(heartbeat=False)
         started, last_line_printed, last_print = time.monotonic(), [], 0.0
         try:
-            while any(p.is_alive() for p in procs.values()) or procs:
+            while procs:
                 for index, proc in list(procs.items()):
                     if proc.is_alive():
                         continue
