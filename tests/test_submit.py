@@ -153,8 +153,8 @@ def test_bad_input_exits_2_and_submits_nothing(tmp_path, monkeypatch, capsys, ar
 def slurm():
     """slurmctld + slurmd on this host (root), with munge; stopped after the tests of this module."""
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    tools = {b: shutil.which(b, path=path) for b in ("slurmctld", "slurmd", "sbatch", "munged", "mungekey", "runuser")}
-    if not all(tools[b] for b in ("slurmctld", "slurmd", "sbatch", "munged")) or os.geteuid() != 0:
+    tools = {b: shutil.which(b, path=path) for b in ("slurmctld", "slurmd", "sbatch", "munged", "munge", "mungekey", "runuser")}
+    if not all(tools[b] for b in ("slurmctld", "slurmd", "sbatch", "munged", "munge")) or os.geteuid() != 0:
         pytest.skip("needs Debian's slurm-wlm and munge, as root (.ci/run installs them)")
     root = Path(tempfile.mkdtemp(prefix="cleanrl-slurm-"))
     for d in ("state", "spool", "log"):
@@ -195,13 +195,19 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     )
     env = {**os.environ, "SLURM_CONF": str(conf)}
     started_munge = None
-    if not Path("/run/munge/munge.socket.2").exists():
+
+    def munge_answers() -> bool:  # a socket file alone may be stale (a daemon that died with the machine)
+        return subprocess.run([tools["munge"], "-n"], capture_output=True).returncode == 0
+
+    if not munge_answers():
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         shutil.chown("/run/munge", "munge", "munge")
         if not Path("/etc/munge/munge.key").exists():
             subprocess.run([tools["runuser"], "-u", "munge", "--", tools["mungekey"], "--create"], check=True)
-        subprocess.run([tools["runuser"], "-u", "munge", "--", tools["munged"]], check=True)
+        # --force: take over a stale socket left by a daemon that did not stop cleanly
+        subprocess.run([tools["runuser"], "-u", "munge", "--", tools["munged"], "--force"], check=True)
         started_munge = True
+        wait_for(munge_answers, 20, "munged to answer")
     subprocess.run([tools["slurmctld"], "-f", str(conf)], env=env, check=True)
     subprocess.run([tools["slurmd"], "-f", str(conf)], env=env, check=True)
     deadline = time.monotonic() + 60
