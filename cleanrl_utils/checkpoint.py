@@ -106,23 +106,30 @@ def decode(value: Any) -> Any:
 # RNG states of this process.
 # --------------------------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
-    """The state of Python's, numpy's legacy and torch's random generators (CUDA too, if used)."""
+    """The state of Python's, numpy's legacy and torch's random generators, and of the CUDA generator of
+    this process's device (the current one: ``torch.cuda.set_device`` picks it), if CUDA is in use.
+
+    One CUDA state, not one per visible GPU: a run resumes on a machine with another GPU count or
+    index, and the generator it restores is the one its rank draws from.
+    """
     state = {
         "python": encode(random.getstate()),
         "numpy": encode(np.random.get_state()),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore ``rng_state()``; the CUDA state goes to the current device. Resuming on the CPU leaves it
+    unused (a GPU run's sampling is then no longer bit-exact: CPU and CUDA kernels draw differently)."""
     random.setstate(decode(state["python"]))
     np.random.set_state(decode(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
 
 
 # --------------------------------------------------------------------------------------------

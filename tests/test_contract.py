@@ -316,6 +316,48 @@ def test_device_ids_are_checked(monkeypatch, capsys, device_ids, local_world_siz
     distributed.check_devices(True, "gloo", [0, 0], 2)  # gloo may share a GPU
 
 
+class FakeCudaGenerators:
+    """``count`` simulated GPUs, each with its own generator state; ``current`` is the device set_device chose."""
+
+    def __init__(self, monkeypatch, count: int, current: int):
+        self.count, self.current = count, current
+        self.states = {i: torch.full((16,), 10 + i, dtype=torch.uint8) for i in range(count)}
+        for name in ("is_available", "is_initialized"):
+            monkeypatch.setattr(torch.cuda, name, lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.count)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[self.index(device)].clone())
+        monkeypatch.setattr(torch.cuda, "set_rng_state", self.set_state)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [self.states[i].clone() for i in range(count)])
+        monkeypatch.setattr(
+            torch.cuda, "set_rng_state_all", lambda states: [self.set_state(s, i) for i, s in enumerate(states)]
+        )
+
+    def index(self, device) -> int:
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        index = self.current if device.index is None else device.index
+        if not 0 <= index < self.count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index}")
+        return index
+
+    def set_state(self, state, device="cuda"):
+        self.states[self.index(device)] = state.clone()
+
+
+def test_rng_restores_the_generator_of_the_ranks_device_on_another_gpu_count(monkeypatch):
+    """Saved by a rank on GPU 2 of 4, resumed on a machine with one GPU: that GPU gets GPU 2's generator."""
+    from cleanrl_utils.checkpoint import rng_state, set_rng_state
+
+    FakeCudaGenerators(monkeypatch, count=4, current=2)
+    state = rng_state()
+    resumed = FakeCudaGenerators(monkeypatch, count=1, current=0)
+    set_rng_state(state)
+    assert torch.equal(resumed.states[0], torch.full((16,), 12, dtype=torch.uint8))
+    more = FakeCudaGenerators(monkeypatch, count=8, current=5)  # and on GPU 5 of 8: only GPU 5 changes
+    set_rng_state(state)
+    assert [int(more.states[i][0]) for i in range(8)] == [10, 11, 12, 13, 14, 12, 16, 17]
+
+
 def test_a_rank_that_stops_answering_is_named(tmp_path, marker):
     """SIGSTOP on rank 1: after --dist-timeout, one line names it and the last good checkpoint."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
