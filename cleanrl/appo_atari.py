@@ -495,13 +495,12 @@ def main() -> None:
                         all_reduce_mean_([p.grad for p in params], world_size)
                         comm_time += time.perf_counter() - t0
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    if not torch.isfinite(grad_norm):  # after the all_reduce: every rank decides the same
-                        raise run.nonfinite("gradient norm", global_step)
-                    optimizer.step()
+                    run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
 
             # PUBLISH the new weights for the actors.
             version += 1
             param_server.publish(agent, version)
+            run.raise_if_nonfinite("gradient norm", ranks.max)  # one read per update; no NaN step reached the weights
             learn_time = time.perf_counter() - learn_start
 
             # LOGGING: rank 0 logs the episodes of every rank and the slowest rank's figures.

@@ -216,6 +216,7 @@ def main() -> None:
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_shape, (), np.float32, np.int64, seed=args.seed)
+    loss = old_val = torch.zeros((), device=device)  # of the latest gradient step
 
     next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
     next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
@@ -283,20 +284,22 @@ def main() -> None:
                     loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-                    optimizer.step()
+                    grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+                    run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
                 learn_time += time.perf_counter() - t0
-                if not torch.isfinite(loss):  # NaN/inf parameters would poison every later update
-                    raise run.nonfinite("loss", global_step)
-                writer.add_scalar("losses/td_loss", loss.item(), global_step)
-                writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
                 target_network.load_state_dict(q_network.state_dict())
 
-            # LOGGING
+            # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
+            due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
+            if step % log_every == 0 or due:
+                run.raise_if_nonfinite("gradient norm")
             if step % log_every == 0:
+                if global_step > first_learning_step:
+                    writer.add_scalar("losses/td_loss", loss.item(), global_step)
+                    writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
                 writer.add_scalar("charts/epsilon", epsilon, global_step)
                 writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
                 writer.add_scalar("perf/env_time", env_time, global_step)
@@ -307,7 +310,7 @@ def main() -> None:
                 env_time = inference_time = learn_time = 0.0
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
-            if run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum):
+            if due:
                 state = {  # everything an exact resume needs (and the replay, with --checkpoint-buffer)
                     "model": q_network.state_dict(),
                     "target": target_network.state_dict(),

@@ -393,16 +393,19 @@ def main() -> None:
                         all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                         comm_time += time.perf_counter() - t1
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    if not torch.isfinite(grad_norm):  # after the all_reduce: every rank decides the same
-                        raise run.nonfinite("gradient norm", global_step)
-                    optimizer.step()
+                    run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
                 learn_time += time.perf_counter() - t0
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
                 target_network.load_state_dict(q_network.state_dict())  # identical on every rank
 
-            # LOGGING: rank 0 logs the episodes and timings of every rank.
+            # LOGGING: rank 0 logs the episodes and timings of every rank (and the NaN check: read here and
+            # right before each checkpoint, not per gradient step).
+            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
+            due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
+            if step % log_every == 0 or due:
+                run.raise_if_nonfinite("gradient norm", ranks.max)
             if step % log_every == 0:
                 local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
                 timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
@@ -419,8 +422,7 @@ def main() -> None:
                 episodes, env_time, inference_time, learn_time, comm_time = [], 0.0, 0.0, 0.0, 0.0
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
-            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
-            if run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum):
+            if due:
                 state = {  # shared by the ranks
                     "model": q_network.state_dict(),
                     "target": target_network.state_dict(),

@@ -352,14 +352,13 @@ def main() -> None:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    optimizer.step()
+                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
-            learn_time = time.perf_counter() - learn_start
-            if not torch.isfinite(loss):  # NaN/inf parameters would poison every later update
-                raise run.nonfinite("loss", global_step)
+            run.raise_if_nonfinite("gradient norm")  # one host read per iteration; no NaN step reached the weights
+            learn_time = time.perf_counter() - learn_start  # after that read, so the device's work is counted
 
             # LOGGING
             y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()

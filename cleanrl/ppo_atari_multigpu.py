@@ -431,9 +431,7 @@ def main() -> None:
                         all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                         comm_time += time.perf_counter() - t0
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    if args.sync_every == 1 and not torch.isfinite(grad_norm):  # all-reduced: every rank agrees
-                        raise run.nonfinite("gradient norm", global_step)
-                    optimizer.step()
+                    run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
                     local_steps += 1
                     if distributed and args.sync_every > 1 and local_steps % args.sync_every == 0:
                         t0 = time.perf_counter()
@@ -450,9 +448,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 all_reduce_mean_([p.data for p in params], world_size)
                 comm_time += time.perf_counter() - t0
-            if args.sync_every > 1 and not torch.isfinite(torch.cat([p.reshape(-1) for p in params])).all():
-                raise run.nonfinite("parameter", global_step)  # local SGD: the average took it to every rank
-            learn_time = time.perf_counter() - learn_start
+            run.raise_if_nonfinite("gradient norm", ranks.max)  # one read per iteration, the same on every rank
+            learn_time = time.perf_counter() - learn_start  # after that read, so the device's work is counted
 
             # LOGGING: rank 0 logs the episodes and timings of every rank.
             local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)

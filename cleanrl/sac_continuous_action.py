@@ -260,7 +260,7 @@ def main() -> None:
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
     target_entropy = -float(np.prod(action_shape))
     log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
-    a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr)
+    a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr, fused=True)
     alpha = args.alpha
     rb = ReplayBuffer(args.buffer_size, args.num_envs, (obs_dim,), action_shape, np.float32, np.float32, seed=args.seed)
 
@@ -276,7 +276,7 @@ def main() -> None:
         a_optimizer.load_state_dict(checkpoint["a_optimizer"])
         with torch.no_grad():
             log_alpha.copy_(checkpoint["log_alpha"])
-        alpha = log_alpha.exp().item() if args.autotune else args.alpha
+        alpha = log_alpha.detach().exp() if args.autotune else args.alpha
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
         envs.single_action_space.np_random.bit_generator.state = checkpoint["action_space_rng"]
@@ -338,7 +338,7 @@ def main() -> None:
                 qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
                 q_optimizer.zero_grad(set_to_none=True)
                 qf_loss.backward()
-                q_optimizer.step()
+                run.step(q_optimizer, qf_loss, global_step)  # skipped on the device if NaN/inf: no host wait
                 updates += 1
 
                 if updates % args.policy_frequency == 0:
@@ -348,24 +348,23 @@ def main() -> None:
                         actor_loss = (alpha * log_pi - min_q_pi).mean()
                         actor_optimizer.zero_grad(set_to_none=True)
                         actor_loss.backward()
-                        actor_optimizer.step()
+                        run.step(actor_optimizer, actor_loss, global_step)
                         if args.autotune:
                             alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
                             a_optimizer.zero_grad(set_to_none=True)
                             alpha_loss.backward()
-                            a_optimizer.step()
-                            alpha = log_alpha.exp().item()
+                            run.step(a_optimizer, alpha_loss, global_step)
+                            alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
 
                 if updates % args.target_network_frequency == 0:
                     polyak_update_(qf1_target, qf1, args.tau)
                     polyak_update_(qf2_target, qf2, args.tau)
                 learn_time += time.perf_counter() - t0
 
-            # LOGGING (and the NaN check: one per update would stall a GPU every step; no checkpoint is
-            # ever written after a non-finite loss, since one is checked right before each checkpoint)
+            # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
-            if (step % log_every == 0 or due) and not torch.isfinite(torch.stack([qf_loss, actor_loss])).all():
-                raise run.nonfinite("loss", global_step)
+            if step % log_every == 0 or due:
+                run.raise_if_nonfinite("loss")
             if step % log_every == 0:
                 writer.add_scalar("perf/env_time", env_time, global_step)
                 writer.add_scalar("perf/inference_time", inference_time, global_step)
@@ -376,7 +375,7 @@ def main() -> None:
                     writer.add_scalar("losses/qf2_values", qf2_values.mean().item(), global_step)
                     writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)
                     writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
-                    writer.add_scalar("losses/alpha", alpha, global_step)
+                    writer.add_scalar("losses/alpha", float(alpha), global_step)
                 run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
                 env_time = inference_time = learn_time = 0.0
 

@@ -272,7 +272,9 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
         t.copy_(chunk.view_as(t))
 
 
-def step_averaged_(loss: torch.Tensor, params: list, optimizers: list, world_size: int, compression: str) -> float:
+def step_averaged_(
+    loss: torch.Tensor, params: list, optimizers: list, world_size: int, compression: str, run: Run, global_step: int
+) -> float:
     """Backward, average the gradients over ranks (one flat buffer), then step; returns seconds spent communicating."""
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
@@ -281,8 +283,9 @@ def step_averaged_(loss: torch.Tensor, params: list, optimizers: list, world_siz
     if world_size > 1:
         all_reduce_mean_([p.grad for p in params], world_size, compression)
     spent = time.perf_counter() - t0
+    grad_norm = nn.utils.get_total_norm([p.grad for p in params])
     for optimizer in optimizers:
-        optimizer.step()
+        run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
     return spent
 
 
@@ -337,7 +340,7 @@ def main() -> None:
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
     target_entropy = -float(np.prod(action_shape))
     log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
-    a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr)
+    a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr, fused=True)
     alpha = args.alpha
     q_params = [*qf1.parameters(), *qf2.parameters()]
     # the actor's and the temperature's gradients travel in one buffer, and step together
@@ -366,7 +369,7 @@ def main() -> None:
         a_optimizer.load_state_dict(checkpoint["a_optimizer"])
         with torch.no_grad():
             log_alpha.copy_(checkpoint["log_alpha"])
-        alpha = log_alpha.exp().item() if args.autotune else args.alpha
+        alpha = log_alpha.detach().exp() if args.autotune else args.alpha
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
         envs.single_action_space.np_random.bit_generator.state = checkpoint["action_space_rng"]
@@ -427,7 +430,9 @@ def main() -> None:
                     )
                 qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
                 qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
-                comm_time += step_averaged_(qf_loss, q_params, [q_optimizer], world_size, args.grad_compression)
+                comm_time += step_averaged_(
+                    qf_loss, q_params, [q_optimizer], world_size, args.grad_compression, run, global_step
+                )
                 updates += 1
 
                 if updates % args.policy_frequency == 0:
@@ -439,22 +444,21 @@ def main() -> None:
                             alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
                         loss = actor_loss + alpha_loss if args.autotune else actor_loss
                         comm_time += step_averaged_(
-                            loss, actor_params, actor_optimizers, world_size, args.grad_compression
+                            loss, actor_params, actor_optimizers, world_size, args.grad_compression, run, global_step
                         )
                         if args.autotune:
-                            alpha = log_alpha.exp().item()
+                            alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
 
                 if updates % args.target_network_frequency == 0:
                     polyak_update_(qf1_target, qf1, args.tau)
                     polyak_update_(qf2_target, qf2, args.tau)
                 learn_time += time.perf_counter() - t0
 
-            # LOGGING (and the NaN check: one per update would stall a GPU every step; no checkpoint is
-            # ever written after a non-finite loss, since one is checked right before each checkpoint)
+            # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
-            if (step % log_every == 0 or due) and not ranks.all_finite(qf_loss, actor_loss):
-                raise run.nonfinite("loss", global_step)
+            if step % log_every == 0 or due:
+                run.raise_if_nonfinite("gradient norm", ranks.max)
             if step % log_every == 0:
                 local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
                 timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
@@ -467,7 +471,7 @@ def main() -> None:
                         writer.add_scalar("losses/qf2_values", qf2_values.mean().item(), global_step)
                         writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)
                         writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
-                        writer.add_scalar("losses/alpha", alpha, global_step)
+                        writer.add_scalar("losses/alpha", float(alpha), global_step)
                     run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
                 episodes, env_time, inference_time, learn_time, comm_time = [], 0.0, 0.0, 0.0, 0.0
 

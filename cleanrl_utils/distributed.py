@@ -245,18 +245,14 @@ class Ranks:
 
     def agree_on_signal(self, signum: int | None) -> int:
         """The largest signal number any rank received (0: none), so every rank stops at the same point."""
-        if not self.distributed:
-            return signum or 0
-        flag = torch.tensor([signum or 0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+        return int(self.max(torch.tensor(signum or 0, device=self.device)))
 
-    def all_finite(self, *tensors: torch.Tensor) -> bool:
-        """Is every value finite on every rank? (One all_reduce, so every rank decides the same.)"""
-        bad = torch.stack([(~torch.isfinite(t.detach())).any() for t in tensors]).any().float().reshape(1)
+    def max(self, value: torch.Tensor) -> torch.Tensor:
+        """The largest ``value`` (a tensor on this rank's device) over all ranks, so every rank decides the same."""
         if self.distributed:
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        return bad.item() == 0
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return value
 
     def exit_on_lost_rank(self, error: BaseException, global_step: int, last: Path | None) -> NoReturn:
         """A collective failed (timed out, or a peer vanished): name the rank(s) that stopped answering.

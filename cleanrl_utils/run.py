@@ -370,12 +370,6 @@ class Checkpoints:
         self.last = last
         self.keep = keep
 
-    def nonfinite(self, what: str, global_step: int) -> FloatingPointError:
-        """The error that stops a run whose ``what`` (loss, gradient norm) is NaN or infinite."""
-        return FloatingPointError(
-            f"non-finite {what} at step {global_step}; last good checkpoint: {self.checkpoints.last or 'none'}"
-        )
-
     def save(self, state: dict[str, Any], global_step: int) -> Path:
         full = {"script": self.script, "args": self.args, "run_name": self.run_name, **state}
         try:
@@ -432,6 +426,9 @@ class Run:
         self.monitor = ResourceMonitor(device)
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.start_step, self.start_time = global_step, time.perf_counter()
+        import torch
+
+        self.first_nonfinite = torch.full((), -1, dtype=torch.int64, device=device)  # step; -1: none so far
 
     def sps(self, global_step: int) -> float:
         """Env steps per second of this launch."""
@@ -464,6 +461,32 @@ class Run:
         return FloatingPointError(
             f"non-finite {what} at step {global_step}; last good checkpoint: {self.checkpoints.last or 'none'}"
         )
+
+    def step(self, optimizer, value, global_step: int) -> None:
+        """``optimizer.step()``, skipped on the device when ``value`` (the gradient norm, or the loss) is NaN or
+        infinite: no host wait per step, and a non-finite gradient never reaches the weights.
+
+        The optimizer is a fused Adam; the skip is its ``found_inf`` input (the one torch.amp.GradScaler
+        feeds it), so weights, moments and step count stay those of the last finite step. The first
+        skipped step is remembered on the device for :meth:`raise_if_nonfinite`.
+        """
+        import torch
+
+        found = (~torch.isfinite(value)).any().float()
+        self.first_nonfinite = torch.where((found > 0) & (self.first_nonfinite < 0), global_step, self.first_nonfinite)
+        optimizer.found_inf = found
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+
+    def raise_if_nonfinite(self, what: str, agree=None) -> None:
+        """The one host read of :meth:`step`'s record, at logging and right before every checkpoint: raise the
+        error that stops the run if a step was skipped. Under torchrun ``agree`` (``ranks.max``) makes every
+        rank decide the same."""
+        first = self.first_nonfinite if agree is None else agree(self.first_nonfinite)
+        if int(first) >= 0:
+            raise self.nonfinite(what, int(first))
 
     def save(self, state: dict[str, Any], global_step: int) -> Path:
         """Write ``state`` (plus the W&B id) as this run's checkpoint at ``global_step``."""

@@ -117,7 +117,75 @@ def test_non_finite_loss_stops_without_a_bad_checkpoint(tmp_path):
     assert proc.returncode == 1, proc.stderr
     last_good = tmp_path / "runs/r/checkpoints/ckpt_00000128.pt"
     assert (
-        "error: non-finite loss at step 256; last good checkpoint: runs/r/checkpoints/ckpt_00000128.pt" in proc.stderr
+        "error: non-finite gradient norm at step 256; last good checkpoint: runs/r/checkpoints/ckpt_00000128.pt"
+        in proc.stderr
     )
     assert sorted(p.name for p in last_good.parent.glob("ckpt_*.pt")) == ["ckpt_00000128.pt"]
     assert all(torch.isfinite(v).all() for v in load_checkpoint(last_good)["model"].values())
+
+
+def test_dqn_reads_the_nan_record_lazily_yet_never_checkpoints_a_non_finite_model(tmp_path):
+    """The record of skipped steps is read on logging steps (every 1000 env steps here) and right before
+    each checkpoint (every 64): env 1 pays NaN rewards from global step 200, the first NaN batch is
+    sampled at step 256, and the check before that checkpoint stops the run."""
+    proc = run_script(
+        "dqn.py",
+        "--env-id", "tests.known_env:NaNReward-v0",
+        "--num-envs", "2",
+        "--total-timesteps", "1000",
+        "--learning-starts", "64",
+        "--batch-size", "16",
+        "--buffer-size", "1000",
+        "--checkpoint-interval", "64",
+        "--seed", "1",
+        "--run-name", "r",
+        cwd=tmp_path,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        "error: non-finite gradient norm at step 256; last good checkpoint: runs/r/checkpoints/ckpt_00000192.pt"
+        in proc.stderr
+    )
+    checkpoints = sorted((tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt"))
+    assert [p.name for p in checkpoints] == ["ckpt_00000128.pt", "ckpt_00000192.pt"]
+    for path in checkpoints:
+        assert all(torch.isfinite(v).all() for v in load_checkpoint(path)["model"].values())
+
+
+def test_a_non_finite_gradient_never_reaches_the_weights(tmp_path, monkeypatch):
+    """Run.step skips the fused Adam step on the device when the gradient norm is NaN/inf; the host reads
+    the record later (raise_if_nonfinite), and it names the first skipped step."""
+    from cleanrl.dqn import Args
+    from cleanrl_utils.run import Run, parse_args
+
+    monkeypatch.chdir(tmp_path)
+    args = parse_args(Args, argv=["--no-progress", "--run-name", "r"])
+    run = Run(args, tmp_path / "runs/r", "dqn.py", None, 0, torch.device("cpu"))
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
+
+    def train_step(global_step: int, poison: bool) -> None:
+        optimizer.zero_grad()
+        loss = model(torch.ones(4, 3)).sum() * (float("nan") if poison else 1.0)
+        loss.backward()
+        run.step(optimizer, torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5), global_step)
+
+    try:
+        train_step(1, False)
+        run.raise_if_nonfinite("gradient norm")  # nothing skipped yet
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
+        train_step(2, True)
+        train_step(3, True)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        assert all(torch.equal(m, optimizer.state[p]["exp_avg"]) for m, p in zip(moments, model.parameters()))
+        assert all(int(optimizer.state[p]["step"]) == 1 for p in model.parameters())
+        with pytest.raises(
+            FloatingPointError, match="^non-finite gradient norm at step 2; last good checkpoint: none$"
+        ):
+            run.raise_if_nonfinite("gradient norm")
+        train_step(4, False)  # a finite step still trains (the run stops at its next check anyway)
+        assert not torch.equal(before["weight"], model.weight)
+    finally:
+        run.close()
