@@ -34,9 +34,11 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.actors import ActorChannel, ActorPool
 from cleanrl_utils.atari_wrappers import wrap_atari
+from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
 from cleanrl_utils.envs import EnvPoolGames, EnvSnapshot, check_env_id, envpool_atari_task
+from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.param_server import ParameterServer
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
@@ -400,6 +402,7 @@ def main() -> None:
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
     run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
     writer = run.writer
+    comm_clock = DeviceClock(device)  # CUDA events on a GPU, where an NCCL call returns before its work is done
     dropped = 0
     try:
         for update in range(start_update, num_updates + 1):
@@ -452,17 +455,16 @@ def main() -> None:
             )
 
             # UPDATE: PPO epochs on the batch; the ratio is taken against the behaviour policy.
-            b_valid = b["valid"].reshape(-1)
-            b_obs = obs_all[:-1].reshape((-1, *obs_shape))[b_valid.to(device)]
-            b_logprobs = b["logprobs"].reshape(-1)[b_valid].to(device)
-            b_actions = b["actions"].reshape(-1)[b_valid].to(device)
-            b_advantages = torch.as_tensor(advantages.reshape(-1), device=device)[b_valid.to(device)]
-            b_returns = torch.as_tensor(returns.reshape(-1), device=device)[b_valid.to(device)]
-            b_values = torch.as_tensor(values.reshape(-1), device=device)[b_valid.to(device)]
+            b_valid = b["valid"].reshape(-1).numpy()  # masks applied on the host: no shape the GPU must report back
+            b_obs = obs_all[:-1].reshape((-1, *obs_shape))[to_device(np.flatnonzero(b_valid), device)]
+            b_logprobs = to_device(b["logprobs"].reshape(-1).numpy()[b_valid], device)
+            b_actions = to_device(b["actions"].reshape(-1).numpy()[b_valid], device)
+            b_advantages = to_device(advantages.reshape(-1)[b_valid], device)
+            b_returns = to_device(returns.reshape(-1)[b_valid], device)
+            b_values = to_device(values.reshape(-1)[b_valid], device)
             for slot in batch:  # the batch is copied out: the actors may refill these slots now
                 actors.release(slot)
             clipfracs = []
-            comm_time = 0.0
             for _epoch in range(args.update_epochs):
                 b_inds = torch.randperm(b_obs.shape[0], device=device)
                 for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
@@ -491,9 +493,8 @@ def main() -> None:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if distributed:
-                        t0 = time.perf_counter()
-                        all_reduce_mean_([p.grad for p in params], world_size)
-                        comm_time += time.perf_counter() - t0
+                        with comm_clock:
+                            all_reduce_mean_([p.grad for p in params], world_size)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                     run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
 
@@ -505,7 +506,7 @@ def main() -> None:
 
             # LOGGING: rank 0 logs the episodes of every rank and the slowest rank's figures.
             local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
-            stats = {"learn_time": learn_time, "comm_time": comm_time, "queue_depth": queue_depth}
+            stats = {"learn_time": learn_time, "comm_time": comm_clock.read(), "queue_depth": queue_depth}
             stats |= {"learner_idle_fraction": learner_wait / (learner_wait + learn_time), "dropped_rollouts": dropped}
             stats |= {
                 "actor_idle_fraction": actor_wait / max(actor_wait + actor_busy, 1e-9),

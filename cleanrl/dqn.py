@@ -43,6 +43,7 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, report_and_exit, require_positive, start
 
 
@@ -237,7 +238,8 @@ def main() -> None:
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
     run = Run(args, run_dir, __file__, checkpoint, global_step, device)
     writer = run.writer
-    env_time = inference_time = learn_time = 0.0
+    env_time = 0.0
+    inference_clock, learn_clock = DeviceClock(device), DeviceClock(device)  # CUDA events on a GPU
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
     num_steps = (args.total_timesteps - global_step) // args.num_envs
     try:
@@ -245,19 +247,18 @@ def main() -> None:
             global_step += args.num_envs
 
             # ACT: epsilon-greedy
-            t0 = time.perf_counter()
             epsilon = linear_schedule(
                 args.start_e, args.end_e, int(args.exploration_fraction * args.total_timesteps), global_step
             )
-            with torch.inference_mode():
-                q_values = q_network(torch.as_tensor(next_obs, device=device))
-            actions = q_values.argmax(dim=1).cpu().numpy()
+            with inference_clock, torch.inference_mode():
+                actions = q_network(torch.as_tensor(next_obs, device=device)).argmax(dim=1)
+            actions = actions.cpu().numpy()
             explore = np.random.random(args.num_envs) < epsilon
             actions[explore] = np.random.randint(n_actions, size=int(explore.sum()))
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
+            env_time += time.perf_counter() - t0
 
             # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
             rb.add(obs, actions, rewards, terminations, ~next_done)
@@ -268,25 +269,24 @@ def main() -> None:
 
             # UPDATE: a burst of gradient steps every train_frequency env steps
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
-                t0 = time.perf_counter()
-                for _ in range(args.gradient_steps):
-                    data = {k: torch.as_tensor(v, device=device) for k, v in rb.sample(args.batch_size).items()}
-                    with torch.no_grad():
-                        next_q_online = q_network(data["next_obs"]) if args.double_q else None
-                        target = td_target(
-                            data["rewards"],
-                            target_network(data["next_obs"]),
-                            next_q_online,
-                            data["terminations"].float(),
-                            args.gamma,
-                        )
-                    old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
-                    loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-                    run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
-                learn_time += time.perf_counter() - t0
+                with learn_clock:
+                    for _ in range(args.gradient_steps):
+                        data = rb.sample_to(args.batch_size, device)
+                        with torch.no_grad():
+                            next_q_online = q_network(data["next_obs"]) if args.double_q else None
+                            target = td_target(
+                                data["rewards"],
+                                target_network(data["next_obs"]),
+                                next_q_online,
+                                data["terminations"].float(),
+                                args.gamma,
+                            )
+                        old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
+                        loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+                        run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
@@ -303,11 +303,11 @@ def main() -> None:
                 writer.add_scalar("charts/epsilon", epsilon, global_step)
                 writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
                 writer.add_scalar("perf/env_time", env_time, global_step)
-                writer.add_scalar("perf/inference_time", inference_time, global_step)
-                writer.add_scalar("perf/learn_time", learn_time, global_step)
+                writer.add_scalar("perf/inference_time", inference_clock.read(), global_step)
+                writer.add_scalar("perf/learn_time", learn_clock.read(), global_step)
                 writer.add_scalar("perf/replay_bytes", rb.nbytes, global_step)
                 run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
-                env_time = inference_time = learn_time = 0.0
+                env_time = 0.0
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
             if due:

@@ -66,6 +66,7 @@ from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
@@ -340,7 +341,8 @@ def main() -> None:
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
     run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
     writer = run.writer
-    env_time = inference_time = learn_time = comm_time = 0.0
+    env_time = 0.0
+    inference_clock, learn_clock, comm_clock = (DeviceClock(device) for _ in range(3))  # CUDA events on a GPU
     episodes, loss, old_val = [], None, None  # loss, old_val: of the latest gradient step
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes (and stop-signal checks)
     num_steps = (args.total_timesteps - global_step) // args.num_envs
@@ -349,19 +351,18 @@ def main() -> None:
             global_step += args.num_envs
 
             # ACT: epsilon-greedy (each rank draws its own exploration)
-            t0 = time.perf_counter()
             epsilon = linear_schedule(
                 args.start_e, args.end_e, int(args.exploration_fraction * args.total_timesteps), global_step
             )
-            with torch.inference_mode():
-                q_values = q_network(torch.as_tensor(next_obs, device=device))
-            actions = q_values.argmax(dim=1).cpu().numpy()
+            with inference_clock, torch.inference_mode():
+                actions = q_network(torch.as_tensor(next_obs, device=device)).argmax(dim=1)
+            actions = actions.cpu().numpy()
             explore = np.random.random(local_num_envs) < epsilon
             actions[explore] = np.random.randint(n_actions, size=int(explore.sum()))
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
+            env_time += time.perf_counter() - t0
 
             # REPLAY: into this rank's shard; the step after an episode end only resets that env.
             rb.add(obs, actions, rewards, terminations, ~next_done)
@@ -372,29 +373,27 @@ def main() -> None:
 
             # UPDATE: each rank samples its share of the minibatch from its own shard; gradients are averaged.
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
-                t0 = time.perf_counter()
-                for _ in range(args.gradient_steps):
-                    data = {k: torch.as_tensor(v, device=device) for k, v in rb.sample(local_batch_size).items()}
-                    with torch.no_grad():
-                        next_q_online = q_network(data["next_obs"]) if args.double_q else None
-                        target = td_target(
-                            data["rewards"],
-                            target_network(data["next_obs"]),
-                            next_q_online,
-                            data["terminations"].float(),
-                            args.gamma,
-                        )
-                    old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
-                    loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if distributed:
-                        t1 = time.perf_counter()
-                        all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
-                        comm_time += time.perf_counter() - t1
-                    grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
-                learn_time += time.perf_counter() - t0
+                with learn_clock:
+                    for _ in range(args.gradient_steps):
+                        data = rb.sample_to(local_batch_size, device)
+                        with torch.no_grad():
+                            next_q_online = q_network(data["next_obs"]) if args.double_q else None
+                            target = td_target(
+                                data["rewards"],
+                                target_network(data["next_obs"]),
+                                next_q_online,
+                                data["terminations"].float(),
+                                args.gamma,
+                            )
+                        old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
+                        loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.backward()
+                        if distributed:
+                            with comm_clock:
+                                all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
+                        grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+                        run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
@@ -408,8 +407,14 @@ def main() -> None:
                 run.raise_if_nonfinite("gradient norm", ranks.max)
             if step % log_every == 0:
                 local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
-                timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
-                gathered = ranks.gather({"episodes": episodes, "sps": local_sps, "comm_time": comm_time, **timings})
+                timings = {
+                    "env_time": env_time,
+                    "inference_time": inference_clock.read(),
+                    "learn_time": learn_clock.read(),
+                }
+                gathered = ranks.gather(
+                    {"episodes": episodes, "sps": local_sps, "comm_time": comm_clock.read(), **timings}
+                )
                 if ranks.is_main:
                     log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
                     writer.add_scalar("charts/epsilon", epsilon, global_step)
@@ -419,7 +424,7 @@ def main() -> None:
                         writer.add_scalar("losses/td_loss", loss.item(), global_step)
                         writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
                     run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
-                episodes, env_time, inference_time, learn_time, comm_time = [], 0.0, 0.0, 0.0, 0.0
+                episodes, env_time = [], 0.0
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
             if due:

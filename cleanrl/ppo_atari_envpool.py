@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvPoolGames, EpisodeVideo, envpool_atari_task
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, start
@@ -309,14 +310,14 @@ def main() -> None:
                 rewards, values, next_value, terminations, dones, args.gamma, args.gae_lambda
             )
 
-            # UPDATE: only real transitions enter the batch (reset steps are left out).
+            # UPDATE: only real transitions enter the batch (reset steps are left out); to a GPU without a host wait.
             b_valid = valid.reshape(-1)
-            b_obs = torch.as_tensor(obs.reshape((-1, *obs_shape))[b_valid], device=device)
-            b_logprobs = torch.as_tensor(logprobs.reshape(-1)[b_valid], device=device)
-            b_actions = torch.as_tensor(actions.reshape((-1, *actions.shape[2:]))[b_valid], device=device)
-            b_advantages = torch.as_tensor(advantages.reshape(-1)[b_valid], device=device)
-            b_returns = torch.as_tensor(returns.reshape(-1)[b_valid], device=device)
-            b_values = torch.as_tensor(values.reshape(-1)[b_valid], device=device)
+            b_obs = to_device(obs.reshape((-1, *obs_shape))[b_valid], device)
+            b_logprobs = to_device(logprobs.reshape(-1)[b_valid], device)
+            b_actions = to_device(actions.reshape((-1, *actions.shape[2:]))[b_valid], device)
+            b_advantages = to_device(advantages.reshape(-1)[b_valid], device)
+            b_returns = to_device(returns.reshape(-1)[b_valid], device)
+            b_values = to_device(values.reshape(-1)[b_valid], device)
             clipfracs = []
             for _epoch in range(args.update_epochs):
                 b_inds = torch.randperm(b_obs.shape[0], device=device)

@@ -56,9 +56,11 @@ import torch.nn as nn
 from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.atari_wrappers import wrap_atari
+from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start, to_cpu
 from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
@@ -350,12 +352,13 @@ def main() -> None:
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
     run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
     writer = run.writer
+    comm_clock = DeviceClock(device)  # CUDA events on a GPU, where an NCCL call returns before its work is done
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = frac * learning_rate
-            env_time = inference_time = comm_time = 0.0
+            env_time = inference_time = 0.0
             episodes, local_steps = [], 0  # local_steps: optimizer steps since the last parameter average
 
             # ROLLOUT of this rank's envs; their episodes go to rank 0 with the logs
@@ -388,14 +391,14 @@ def main() -> None:
                 rewards, values, next_value, terminations, dones, args.gamma, args.gae_lambda
             )
 
-            # UPDATE: only real transitions enter the batch (reset steps are left out).
+            # UPDATE: only real transitions enter the batch (reset steps are left out); to a GPU without a host wait.
             b_valid = valid.reshape(-1)
-            b_obs = torch.as_tensor(obs.reshape((-1, *obs_shape))[b_valid], device=device)
-            b_logprobs = torch.as_tensor(logprobs.reshape(-1)[b_valid], device=device)
-            b_actions = torch.as_tensor(actions.reshape((-1, *actions.shape[2:]))[b_valid], device=device)
-            b_advantages = torch.as_tensor(advantages.reshape(-1)[b_valid], device=device)
-            b_returns = torch.as_tensor(returns.reshape(-1)[b_valid], device=device)
-            b_values = torch.as_tensor(values.reshape(-1)[b_valid], device=device)
+            b_obs = to_device(obs.reshape((-1, *obs_shape))[b_valid], device)
+            b_logprobs = to_device(logprobs.reshape(-1)[b_valid], device)
+            b_actions = to_device(actions.reshape((-1, *actions.shape[2:]))[b_valid], device)
+            b_advantages = to_device(advantages.reshape(-1)[b_valid], device)
+            b_returns = to_device(returns.reshape(-1)[b_valid], device)
+            b_values = to_device(values.reshape(-1)[b_valid], device)
             clipfracs = []
             for _epoch in range(args.update_epochs):
                 b_inds = torch.randperm(b_obs.shape[0], device=device)
@@ -427,16 +430,14 @@ def main() -> None:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if distributed and args.sync_every == 1:
-                        t0 = time.perf_counter()
-                        all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
-                        comm_time += time.perf_counter() - t0
+                        with comm_clock:
+                            all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                     run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
                     local_steps += 1
                     if distributed and args.sync_every > 1 and local_steps % args.sync_every == 0:
-                        t0 = time.perf_counter()
-                        all_reduce_mean_([p.data for p in params], world_size)  # local SGD: average the parameters
-                        comm_time += time.perf_counter() - t0
+                        with comm_clock:
+                            all_reduce_mean_([p.data for p in params], world_size)  # local SGD: average the parameters
 
                 if args.target_kl is not None:
                     kl = approx_kl.detach().reshape(1)
@@ -445,16 +446,15 @@ def main() -> None:
                     if kl.item() > args.target_kl:
                         break
             if distributed and args.sync_every > 1 and local_steps % args.sync_every:  # one policy for every rollout
-                t0 = time.perf_counter()
-                all_reduce_mean_([p.data for p in params], world_size)
-                comm_time += time.perf_counter() - t0
+                with comm_clock:
+                    all_reduce_mean_([p.data for p in params], world_size)
             run.raise_if_nonfinite("gradient norm", ranks.max)  # one read per iteration, the same on every rank
             learn_time = time.perf_counter() - learn_start  # after that read, so the device's work is counted
 
             # LOGGING: rank 0 logs the episodes and timings of every rank.
             local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
             timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
-            timings |= {"comm_time": comm_time, "rollout_wait_time": wait_time}
+            timings |= {"comm_time": comm_clock.read(), "rollout_wait_time": wait_time}
             gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
             if ranks.is_main:
                 log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings

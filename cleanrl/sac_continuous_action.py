@@ -45,6 +45,7 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, start
 
 
@@ -291,7 +292,8 @@ def main() -> None:
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
     run = Run(args, run_dir, __file__, checkpoint, global_step, device)
     writer = run.writer
-    env_time = inference_time = learn_time = 0.0
+    env_time = 0.0
+    inference_clock, learn_clock = DeviceClock(device), DeviceClock(device)  # CUDA events on a GPU
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
     qf_loss = actor_loss = qf1_values = qf2_values = torch.zeros((), device=device)  # of the latest update
     num_steps = (args.total_timesteps - global_step) // args.num_envs
@@ -300,17 +302,16 @@ def main() -> None:
             global_step += args.num_envs
 
             # ACT: uniform actions until learning starts, then samples of the policy
-            t0 = time.perf_counter()
             if global_step <= first_learning_step:
                 actions = np.stack([envs.single_action_space.sample() for _ in range(args.num_envs)])
             else:
-                with torch.inference_mode():
+                with inference_clock, torch.inference_mode():
                     actions, _, _ = actor(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
                 actions = actions.cpu().numpy()
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
+            env_time += time.perf_counter() - t0
 
             # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
             rb.add(obs, actions, rewards, terminations, ~next_done)
@@ -321,45 +322,44 @@ def main() -> None:
 
             # UPDATE: one critic step per vector step; the actor every policy_frequency critic steps
             if global_step > first_learning_step:
-                t0 = time.perf_counter()
-                data = {k: torch.as_tensor(v, device=device) for k, v in rb.sample(args.batch_size).items()}
-                with torch.no_grad():
-                    next_actions, next_log_prob, _ = actor(data["next_obs"])
-                    target = soft_q_target(
-                        data["rewards"],
-                        qf1_target(data["next_obs"], next_actions),
-                        qf2_target(data["next_obs"], next_actions),
-                        next_log_prob,
-                        data["terminations"].float(),
-                        alpha,
-                        args.gamma,
-                    )
-                qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
-                qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
-                q_optimizer.zero_grad(set_to_none=True)
-                qf_loss.backward()
-                run.step(q_optimizer, qf_loss, global_step)  # skipped on the device if NaN/inf: no host wait
-                updates += 1
+                with learn_clock:
+                    data = rb.sample_to(args.batch_size, device)
+                    with torch.no_grad():
+                        next_actions, next_log_prob, _ = actor(data["next_obs"])
+                        target = soft_q_target(
+                            data["rewards"],
+                            qf1_target(data["next_obs"], next_actions),
+                            qf2_target(data["next_obs"], next_actions),
+                            next_log_prob,
+                            data["terminations"].float(),
+                            alpha,
+                            args.gamma,
+                        )
+                    qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
+                    qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
+                    q_optimizer.zero_grad(set_to_none=True)
+                    qf_loss.backward()
+                    run.step(q_optimizer, qf_loss, global_step)  # skipped on the device if NaN/inf: no host wait
+                    updates += 1
 
-                if updates % args.policy_frequency == 0:
-                    for _ in range(args.policy_frequency):
-                        pi, log_pi, _ = actor(data["obs"])
-                        min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
-                        actor_loss = (alpha * log_pi - min_q_pi).mean()
-                        actor_optimizer.zero_grad(set_to_none=True)
-                        actor_loss.backward()
-                        run.step(actor_optimizer, actor_loss, global_step)
-                        if args.autotune:
-                            alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
-                            a_optimizer.zero_grad(set_to_none=True)
-                            alpha_loss.backward()
-                            run.step(a_optimizer, alpha_loss, global_step)
-                            alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
+                    if updates % args.policy_frequency == 0:
+                        for _ in range(args.policy_frequency):
+                            pi, log_pi, _ = actor(data["obs"])
+                            min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
+                            actor_loss = (alpha * log_pi - min_q_pi).mean()
+                            actor_optimizer.zero_grad(set_to_none=True)
+                            actor_loss.backward()
+                            run.step(actor_optimizer, actor_loss, global_step)
+                            if args.autotune:
+                                alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
+                                a_optimizer.zero_grad(set_to_none=True)
+                                alpha_loss.backward()
+                                run.step(a_optimizer, alpha_loss, global_step)
+                                alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
 
-                if updates % args.target_network_frequency == 0:
-                    polyak_update_(qf1_target, qf1, args.tau)
-                    polyak_update_(qf2_target, qf2, args.tau)
-                learn_time += time.perf_counter() - t0
+                    if updates % args.target_network_frequency == 0:
+                        polyak_update_(qf1_target, qf1, args.tau)
+                        polyak_update_(qf2_target, qf2, args.tau)
 
             # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
@@ -367,8 +367,8 @@ def main() -> None:
                 run.raise_if_nonfinite("loss")
             if step % log_every == 0:
                 writer.add_scalar("perf/env_time", env_time, global_step)
-                writer.add_scalar("perf/inference_time", inference_time, global_step)
-                writer.add_scalar("perf/learn_time", learn_time, global_step)
+                writer.add_scalar("perf/inference_time", inference_clock.read(), global_step)
+                writer.add_scalar("perf/learn_time", learn_clock.read(), global_step)
                 writer.add_scalar("perf/replay_bytes", rb.nbytes, global_step)
                 if updates > 0:
                     writer.add_scalar("losses/qf1_values", qf1_values.mean().item(), global_step)
@@ -377,7 +377,7 @@ def main() -> None:
                     writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
                     writer.add_scalar("losses/alpha", float(alpha), global_step)
                 run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
-                env_time = inference_time = learn_time = 0.0
+                env_time = 0.0
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
             if due:

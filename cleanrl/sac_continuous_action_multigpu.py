@@ -60,6 +60,7 @@ from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
 
@@ -272,21 +273,18 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
         t.copy_(chunk.view_as(t))
 
 
-def step_averaged_(
-    loss: torch.Tensor, params: list, optimizers: list, world_size: int, compression: str, run: Run, global_step: int
-) -> float:
-    """Backward, average the gradients over ranks (one flat buffer), then step; returns seconds spent communicating."""
-    for optimizer in optimizers:
-        optimizer.zero_grad(set_to_none=True)
+def backward_averaged(
+    loss: torch.Tensor, params: list, world_size: int, compression: str, comm_clock: DeviceClock
+) -> torch.Tensor:
+    """``loss.backward()`` into fresh gradients of ``params``, averaged over ranks (one flat buffer, timed by
+    ``comm_clock``); returns their norm, equal on every rank, so every rank skips a non-finite step alike."""
+    for p in params:
+        p.grad = None
     loss.backward()
-    t0 = time.perf_counter()
     if world_size > 1:
-        all_reduce_mean_([p.grad for p in params], world_size, compression)
-    spent = time.perf_counter() - t0
-    grad_norm = nn.utils.get_total_norm([p.grad for p in params])
-    for optimizer in optimizers:
-        run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
-    return spent
+        with comm_clock:
+            all_reduce_mean_([p.grad for p in params], world_size, compression)
+    return nn.utils.get_total_norm([p.grad for p in params])
 
 
 def main() -> None:
@@ -384,7 +382,8 @@ def main() -> None:
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
     run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
     writer = run.writer
-    env_time = inference_time = learn_time = comm_time = 0.0
+    env_time = 0.0
+    inference_clock, learn_clock, comm_clock = (DeviceClock(device) for _ in range(3))  # CUDA events on a GPU
     episodes = []
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes (and stop-signal checks)
     qf_loss = actor_loss = qf1_values = qf2_values = torch.zeros((), device=device)  # of the latest update
@@ -394,17 +393,16 @@ def main() -> None:
             global_step += args.num_envs
 
             # ACT: uniform actions until learning starts (each rank its own), then samples of the policy
-            t0 = time.perf_counter()
             if global_step <= first_learning_step:
                 actions = np.stack([envs.single_action_space.sample() for _ in range(local_num_envs)])
             else:
-                with torch.inference_mode():
+                with inference_clock, torch.inference_mode():
                     actions, _, _ = actor(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
                 actions = actions.cpu().numpy()
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()
             obs = next_obs
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-            inference_time, env_time = inference_time + t1 - t0, env_time + time.perf_counter() - t1
+            env_time += time.perf_counter() - t0
 
             # REPLAY: into this rank's shard; the step after an episode end only resets that env.
             rb.add(obs, actions, rewards, terminations, ~next_done)
@@ -415,44 +413,42 @@ def main() -> None:
 
             # UPDATE: each rank samples its share of the minibatch from its own shard; gradients are averaged.
             if global_step > first_learning_step:
-                t0 = time.perf_counter()
-                data = {k: torch.as_tensor(v, device=device) for k, v in rb.sample(local_batch_size).items()}
-                with torch.no_grad():
-                    next_actions, next_log_prob, _ = actor(data["next_obs"])
-                    target = soft_q_target(
-                        data["rewards"],
-                        qf1_target(data["next_obs"], next_actions),
-                        qf2_target(data["next_obs"], next_actions),
-                        next_log_prob,
-                        data["terminations"].float(),
-                        alpha,
-                        args.gamma,
-                    )
-                qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
-                qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
-                comm_time += step_averaged_(
-                    qf_loss, q_params, [q_optimizer], world_size, args.grad_compression, run, global_step
-                )
-                updates += 1
-
-                if updates % args.policy_frequency == 0:
-                    for _ in range(args.policy_frequency):
-                        pi, log_pi, _ = actor(data["obs"])
-                        min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
-                        actor_loss = (alpha * log_pi - min_q_pi).mean()
-                        if args.autotune:  # the temperature's loss reaches log_alpha only: one backward for both
-                            alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
-                        loss = actor_loss + alpha_loss if args.autotune else actor_loss
-                        comm_time += step_averaged_(
-                            loss, actor_params, actor_optimizers, world_size, args.grad_compression, run, global_step
+                with learn_clock:
+                    data = rb.sample_to(local_batch_size, device)
+                    with torch.no_grad():
+                        next_actions, next_log_prob, _ = actor(data["next_obs"])
+                        target = soft_q_target(
+                            data["rewards"],
+                            qf1_target(data["next_obs"], next_actions),
+                            qf2_target(data["next_obs"], next_actions),
+                            next_log_prob,
+                            data["terminations"].float(),
+                            alpha,
+                            args.gamma,
                         )
-                        if args.autotune:
-                            alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
+                    qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
+                    qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
+                    norm = backward_averaged(qf_loss, q_params, world_size, args.grad_compression, comm_clock)
+                    run.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    updates += 1
 
-                if updates % args.target_network_frequency == 0:
-                    polyak_update_(qf1_target, qf1, args.tau)
-                    polyak_update_(qf2_target, qf2, args.tau)
-                learn_time += time.perf_counter() - t0
+                    if updates % args.policy_frequency == 0:
+                        for _ in range(args.policy_frequency):
+                            pi, log_pi, _ = actor(data["obs"])
+                            min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
+                            actor_loss = (alpha * log_pi - min_q_pi).mean()
+                            if args.autotune:  # the temperature's loss reaches log_alpha only: one backward for both
+                                alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
+                            loss = actor_loss + alpha_loss if args.autotune else actor_loss
+                            norm = backward_averaged(loss, actor_params, world_size, args.grad_compression, comm_clock)
+                            for optimizer in actor_optimizers:
+                                run.step(optimizer, norm, global_step)
+                            if args.autotune:
+                                alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
+
+                    if updates % args.target_network_frequency == 0:
+                        polyak_update_(qf1_target, qf1, args.tau)
+                        polyak_update_(qf2_target, qf2, args.tau)
 
             # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
@@ -461,8 +457,9 @@ def main() -> None:
                 run.raise_if_nonfinite("gradient norm", ranks.max)
             if step % log_every == 0:
                 local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
-                timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
-                gathered = ranks.gather({"episodes": episodes, "sps": local_sps, "comm_time": comm_time, **timings})
+                timings = {"inference_time": inference_clock.read(), "learn_time": learn_clock.read()}
+                timings |= {"env_time": env_time, "comm_time": comm_clock.read()}
+                gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
                 if ranks.is_main:
                     log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
                     writer.add_scalar("perf/replay_bytes_per_rank", rb.nbytes, global_step)
@@ -473,7 +470,7 @@ def main() -> None:
                         writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
                         writer.add_scalar("losses/alpha", float(alpha), global_step)
                     run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
-                episodes, env_time, inference_time, learn_time, comm_time = [], 0.0, 0.0, 0.0, 0.0
+                episodes, env_time = [], 0.0
 
             # CHECKPOINT every checkpoint_interval env steps, at the end, and when a signal asks for one
             if due:

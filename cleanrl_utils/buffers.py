@@ -127,6 +127,10 @@ class ReplayBuffer:
             "next_obs": self._stack((t + 1) % self.size, env),
         }
 
+    def sample_to(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """:meth:`sample` as tensors on ``device`` (see :func:`to_device`)."""
+        return {k: to_device(v, device) for k, v in self.sample(batch_size).items()}
+
     def state_dict(self) -> dict[str, Any]:
         """For a checkpoint (tensors share the arrays' memory: no copy)."""
         arrays = {
@@ -143,3 +147,15 @@ class ReplayBuffer:
             target[...] = state[k].numpy()
         self.steps = int(state["steps"])
         self.rng.bit_generator.state = state["rng"]
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``array`` as a tensor on ``device``.
+
+    To a GPU it goes through pinned memory and ``non_blocking``: a copy from ordinary (pageable) memory
+    would first wait for all the work queued on the GPU. The pinned block comes from torch's caching
+    host allocator, which reuses it only once the copy has finished, so the caller may drop it at once.
+    """
+    if device.type != "cuda":
+        return torch.as_tensor(array, device=device)
+    return torch.from_numpy(np.ascontiguousarray(array)).pin_memory().to(device, non_blocking=True)

@@ -123,3 +123,44 @@ class ResourceMonitor:
             except Exception:
                 pass  # needs NVML (pynvml); memory figures are still reported
         return figures
+
+
+class DeviceClock:
+    """Seconds spent in timed regions (``with clock: ...``), summed until :meth:`read`.
+
+    On a GPU the host clock around asynchronous work measures the launch, not the work (and an
+    NCCL all_reduce returns at once). There each region is bracketed by two CUDA events recorded on
+    the current stream, which costs no host wait; :meth:`read`, called where the figure is logged,
+    waits for the last event and sums the elapsed times. On the CPU the host clock is true: the
+    work is done when the call returns (gloo included).
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.seconds = 0.0
+        self._start: float | torch.cuda.Event = 0.0
+
+    def __enter__(self) -> DeviceClock:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.events.append((self._start, end))
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def read(self) -> float:
+        """Seconds in the regions timed since the last read (on a GPU: once they have run)."""
+        if self.events:
+            self.events[-1][1].synchronize()
+        total = self.seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1000.0
+        self.events, self.seconds = [], 0.0
+        return total
