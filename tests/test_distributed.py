@@ -290,3 +290,35 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
     assert proc.returncode != 0
     assert "error: runs/r holds checkpoints: pass --resume runs/r or another --run-name" in proc.stderr
     np.testing.assert_equal(final_checkpoint(tmp_path / "runs/r")["global_step"], 128)
+
+
+def test_object_collectives_use_the_side_group_and_no_rank_leaves_a_checkpoint_early(tmp_path):
+    """The run plan, checkpoint and resume objects travel over the gloo side group, never the default group
+    (under NCCL they would be staged through GPU memory and sent after the call returned); and no rank
+    returns from a collective checkpoint before rank 0 has written it (rank 0's writes take 2 s longer here)."""
+    import json
+
+    launcher = str(REPO / "tests/watch_collectives.py")
+    records = []
+    for i, flags in enumerate(
+        (["--run-name", "r", "--total-timesteps", "256"], ["--resume", "runs/r", "--total-timesteps", "384"])
+    ):
+        watch = tmp_path / f"watch{i}"
+        watch.mkdir()
+        checked(
+            torchrun(
+                launcher, SCRIPT, *SMALL, "--checkpoint-interval", "128", *flags,
+                cwd=tmp_path, env={"WATCH_DIR": str(watch), "WATCH_SLOW_WRITE": "2"},
+            )
+        )  # fmt: skip
+        records.append([json.loads((watch / f"rank{r}.json").read_text()) for r in range(2)])
+    for run_records in records:
+        for rank, record in enumerate(run_records):
+            called = {c["name"] for c in record["collectives"]}
+            assert {"broadcast_object_list", "gather_object"} <= called, (rank, called)
+            assert [c for c in record["collectives"] if c["default_group"]] == [], rank
+        written = run_records[0]["written"]
+        assert len(written) == len(run_records[1]["returned"]) > 0
+        for returned, done in zip(run_records[1]["returned"], written):
+            assert returned >= done, f"rank 1 left a checkpoint {done - returned:.2f}s before rank 0 had written it"
+    assert "scatter_object_list" in {c["name"] for c in records[1][1]["collectives"]}  # the resume hands out parts
