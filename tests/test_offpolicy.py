@@ -106,11 +106,14 @@ def test_resume_without_buffer_refills_before_learning(tmp_path):
     run_script("dqn.py", *common, cwd=tmp_path)
     midway = tmp_path / "runs/r/checkpoints/ckpt_00000800.pt"
     assert "replay" not in torch.load(midway, weights_only=True)
-    resumed_dir = tmp_path / "b"
-    resumed_dir.mkdir()
-    run_script("dqn.py", "--resume", str(midway), cwd=resumed_dir)
-    losses = read_scalars(resumed_dir / "runs/r")["losses/td_loss"]
-    assert losses and min(step for step, _ in losses) > 800 + 200  # learning_starts again after the resume
+    saved = torch.load(midway, weights_only=True)
+    for total, learned in ((1000, False), (1200, True)):  # learning_starts (200) again after the resume
+        resumed_dir = tmp_path / f"to{total}"
+        resumed_dir.mkdir()
+        run_script("dqn.py", "--resume", str(midway), "--total-timesteps", str(total), cwd=resumed_dir)
+        resumed = final_checkpoint(resumed_dir / "runs/r")
+        assert resumed["global_step"] == total
+        assert same_parameters(saved["model"], resumed["model"]) is not learned, total
 
 
 # VALIDATION
