@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gymnasium.vector import AutoresetMode
 
-from cleanrl_utils.buffers import ReplayBuffer
+from cleanrl_utils.buffers import ReplayBuffer, to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
@@ -251,7 +251,7 @@ def main() -> None:
                 args.start_e, args.end_e, int(args.exploration_fraction * args.total_timesteps), global_step
             )
             with inference_clock, torch.inference_mode():
-                actions = q_network(torch.as_tensor(next_obs, device=device)).argmax(dim=1)
+                actions = q_network(to_device(next_obs, device)).argmax(dim=1)
             actions = actions.cpu().numpy()
             explore = np.random.random(args.num_envs) < epsilon
             actions[explore] = np.random.randint(n_actions, size=int(explore.sum()))

@@ -290,7 +290,7 @@ def main() -> None:
 
                 t0 = time.perf_counter()
                 with torch.inference_mode():
-                    action, logprob, value = agent.act(torch.as_tensor(obs[step], device=device))
+                    action, logprob, value = agent.act(to_device(obs[step], device))
                 actions[step], logprobs[step], values[step] = (t.cpu().numpy() for t in (action, logprob, value))
                 t1 = time.perf_counter()
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step])

@@ -289,7 +289,7 @@ def main() -> None:
 
                 t0 = time.perf_counter()
                 with torch.inference_mode():
-                    action, logprob, value = agent.act(torch.as_tensor(obs[step], device=device))
+                    action, logprob, value = agent.act(to_device(obs[step], device))
                 actions[step], logprobs[step], values[step] = (t.cpu().numpy() for t in (action, logprob, value))
                 t1 = time.perf_counter()
                 next_obs, reward, terminated, truncated, infos = envs.step(actions[step].astype(np.int32))
@@ -305,7 +305,7 @@ def main() -> None:
             # ADVANTAGES
             learn_start = time.perf_counter()
             with torch.inference_mode():
-                next_value = agent.get_value(torch.as_tensor(next_obs, device=device)).cpu().numpy()
+                next_value = agent.get_value(to_device(next_obs, device)).cpu().numpy()
             advantages, returns = compute_gae(
                 rewards, values, next_value, terminations, dones, args.gamma, args.gae_lambda
             )

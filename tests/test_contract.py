@@ -345,7 +345,8 @@ class FakeCudaGenerators:
 
 
 def test_rng_restores_the_generator_of_the_ranks_device_on_another_gpu_count(monkeypatch):
-    """Saved by a rank on GPU 2 of 4, resumed on a machine with one GPU: that GPU gets GPU 2's generator."""
+    """Saved by a rank on GPU 2 of 4, resumed on a machine with one GPU: that GPU gets GPU 2's generator;
+    on GPU 5 of 8 only GPU 5's changes; on a machine without a GPU the CPU generators are restored."""
     from cleanrl_utils.checkpoint import rng_state, set_rng_state
 
     FakeCudaGenerators(monkeypatch, count=4, current=2)
@@ -356,6 +357,11 @@ def test_rng_restores_the_generator_of_the_ranks_device_on_another_gpu_count(mon
     more = FakeCudaGenerators(monkeypatch, count=8, current=5)  # and on GPU 5 of 8: only GPU 5 changes
     set_rng_state(state)
     assert [int(more.states[i][0]) for i in range(8)] == [10, 11, 12, 13, 14, 12, 16, 17]
+    cpu_only = FakeCudaGenerators(monkeypatch, count=0, current=0)  # and on a machine without a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    torch.manual_seed(123)
+    set_rng_state(state)
+    assert torch.equal(torch.get_rng_state(), state["torch"]) and cpu_only.states == {}
 
 
 def test_a_rank_that_stops_answering_is_named(tmp_path, marker):
