@@ -47,6 +47,7 @@ def count(message, category, filename, lineno, file=None, line=None):
 if torch.cuda.is_available():
     warnings.showwarning = count
     warnings.simplefilter("always")  # every occurrence, not the first per line
+    torch.set_warn_always(True)
     torch.cuda.set_sync_debug_mode("warn")
 
 

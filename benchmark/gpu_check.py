@@ -139,7 +139,7 @@ def sync_section(args, work: Path, env: dict[str, str]) -> bool:
     for check, code, wall, _, syncs in results:
         total = sum(syncs.values())
         per = f"{total / check.iterations:.2f} per {check.unit}" if not args.cpu else "n/a"
-        launch = "torchrun x1, nccl + gloo side group" if check.torchrun else "python"
+        launch = f"torchrun x1, {'gloo' if args.cpu else 'nccl + gloo side group'}" if check.torchrun else "python"
         print(f"| {check.script} | {launch} | {code} | {wall:.0f} | {total if not args.cpu else 'n/a'} | {per} |")
     for check, code, _, tail, syncs in results:
         if code != 0:
