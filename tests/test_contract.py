@@ -364,6 +364,23 @@ def test_rng_restores_the_generator_of_the_ranks_device_on_another_gpu_count(mon
     assert torch.equal(torch.get_rng_state(), state["torch"]) and cpu_only.states == {}
 
 
+def test_device_clock_sums_the_timed_regions_until_read(monkeypatch):
+    """perf/*_time: only the time inside ``with clock:`` counts, and each read starts a new interval."""
+    from cleanrl_utils import monitor
+
+    now = [100.0]
+    monkeypatch.setattr(monitor.time, "perf_counter", lambda: now[0])
+    clock = monitor.DeviceClock(torch.device("cpu"))
+    for _ in range(3):
+        with clock:
+            now[0] += 0.5
+        now[0] += 7.0  # outside: not counted
+    assert clock.read() == 1.5
+    with clock:
+        now[0] += 0.25
+    assert clock.read() == 0.25 and clock.read() == 0.0
+
+
 def test_a_rank_that_stops_answering_is_named(tmp_path, marker):
     """SIGSTOP on rank 1: after --dist-timeout, one line names it and the last good checkpoint."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
