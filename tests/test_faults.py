@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cleanrl_utils.checkpoint import CheckpointError, load_checkpoint
-from tests.conftest import processes_with_marker, run_script
+from tests.conftest import REPO, processes_with_marker, run_script
 
 WORKER_FAULTS = [
     ("RaisingWorker-v0", [], "env worker 1 of tests.known_env:RaisingWorker-v0 raised ValueError: injected failure"),
@@ -189,3 +189,46 @@ def test_a_non_finite_gradient_never_reaches_the_weights(tmp_path, monkeypatch):
         assert not torch.equal(before["weight"], model.weight)
     finally:
         run.close()
+
+
+READ_BUDGETS = {
+    # script: flags, logging points (logs and checkpoints), gradient steps made
+    "dqn.py": (["--total-timesteps", "3000", "--learning-starts", "500"], 3 + 1, 156 * 8),
+    "sac_continuous_action.py": (
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1500", "--learning-starts", "500", "--batch-size", "32"],
+        1 + 1,
+        1000,
+    ),
+    "ppo_atari_multigpu.py": (
+        [
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "32",
+            "--num-minibatches",
+            "4",
+            "--update-epochs",
+            "2",
+            "--total-timesteps",
+            "256",
+        ],  # fmt: skip
+        4 + 1,
+        32,
+    ),
+}
+
+
+@pytest.mark.parametrize("script", list(READ_BUDGETS))
+def test_hot_loops_read_no_value_per_gradient_step(tmp_path, script):
+    """Losses, the temperature and the NaN record stay on the device: no line reads a tensor's value on
+    every gradient step (on a GPU each read is a wait); values are read where they are logged."""
+    import json
+
+    flags, logging_points, gradient_steps = READ_BUDGETS[script]
+    report = tmp_path / "reads.json"
+    run_script(script, *flags, "--no-cuda", cwd=tmp_path, env={"READS_REPORT": str(report)},
+               launcher=REPO / "tests/count_reads.py")  # fmt: skip
+    reads = json.loads(report.read_text())
+    assert reads, "no reads at all: the counter is not wired"
+    per_step = {line: n for line, n in reads.items() if n > 2 * logging_points}
+    assert per_step == {}, f"read on (nearly) every step of {gradient_steps} gradient steps: {per_step}"

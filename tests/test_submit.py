@@ -153,7 +153,10 @@ def test_bad_input_exits_2_and_submits_nothing(tmp_path, monkeypatch, capsys, ar
 def slurm():
     """slurmctld + slurmd on this host (root), with munge; stopped after the tests of this module."""
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    tools = {b: shutil.which(b, path=path) for b in ("slurmctld", "slurmd", "sbatch", "munged", "munge", "mungekey", "runuser")}
+    tools = {
+        b: shutil.which(b, path=path)
+        for b in ("slurmctld", "slurmd", "sbatch", "munged", "munge", "mungekey", "runuser")
+    }
     if not all(tools[b] for b in ("slurmctld", "slurmd", "sbatch", "munged", "munge")) or os.geteuid() != 0:
         pytest.skip("needs Debian's slurm-wlm and munge, as root (.ci/run installs them)")
     root = Path(tempfile.mkdtemp(prefix="cleanrl-slurm-"))
