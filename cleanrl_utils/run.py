@@ -472,6 +472,8 @@ class Run:
         """
         import torch
 
+        if not optimizer.defaults.get("fused"):
+            raise TypeError(f"run.step needs an optimizer built with fused=True, got {type(optimizer).__name__}")
         found = (~torch.isfinite(value)).any().float()
         self.first_nonfinite = torch.where((found > 0) & (self.first_nonfinite < 0), global_step, self.first_nonfinite)
         optimizer.found_inf = found
@@ -484,9 +486,9 @@ class Run:
         """The one host read of :meth:`step`'s record, at logging and right before every checkpoint: raise the
         error that stops the run if a step was skipped. Under torchrun ``agree`` (``ranks.max``) makes every
         rank decide the same."""
-        first = self.first_nonfinite if agree is None else agree(self.first_nonfinite)
-        if int(first) >= 0:
-            raise self.nonfinite(what, int(first))
+        first = int(self.first_nonfinite if agree is None else agree(self.first_nonfinite))
+        if first >= 0:
+            raise self.nonfinite(what, first)
 
     def save(self, state: dict[str, Any], global_step: int) -> Path:
         """Write ``state`` (plus the W&B id) as this run's checkpoint at ``global_step``."""

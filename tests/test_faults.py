@@ -187,6 +187,8 @@ def test_a_non_finite_gradient_never_reaches_the_weights(tmp_path, monkeypatch):
             run.raise_if_nonfinite("gradient norm")
         train_step(4, False)  # a finite step still trains (the run stops at its next check anyway)
         assert not torch.equal(before["weight"], model.weight)
+        with pytest.raises(TypeError, match="^run.step needs an optimizer built with fused=True, got SGD$"):
+            run.step(torch.optim.SGD(model.parameters(), lr=0.1), torch.tensor(1.0), 5)
     finally:
         run.close()
 
