@@ -2,7 +2,8 @@
 #   docker build --build-arg GIT_REVISION=$(git rev-parse HEAD) -t cleanrl:$(git rev-parse --short HEAD) .
 # Jobs start in /workspace through docker/entrypoint.sh, which maps AWS Batch's array and
 # multi-node variables to the run's flags; mount shared storage on /workspace/runs.
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+# torch 2.6 at least: the floor pyproject.toml states (tests/test_submit.py checks the two agree)
+FROM pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime
 
 ARG GIT_REVISION=unknown
 LABEL org.opencontainers.image.source="cleanrl" \

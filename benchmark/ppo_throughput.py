@@ -13,10 +13,20 @@ learner alone).
 CartPole: ppo.py and SB3's PPO with the same envs, rollout length, epochs and minibatch size
 (4 envs x 128 steps, 4 epochs, 4 minibatches of 128), one torch thread each, alternated
 A-B-A-B; the median of each is reported. Requires the `bench` extra (stable-baselines3).
+
+Compare (``--section compare --baseline REV``): the scripts of this tree against those of an earlier
+commit (exported with ``git archive``), on CartPole (ppo.py) and Breakout (ppo_atari.py, sync and
+async; ppo_atari_envpool.py; ppo_atari_multigpu.py as one process), run alternately (baseline, this
+tree, baseline, ...), plus this tree's ``--compile`` runs. SPS counts from the first logged
+iteration to the last (start-up and compilation left out); CPU seconds per 1k steps are the run's
+processes' user + system time over the whole run.
+
+    python benchmark/ppo_throughput.py --section compare --baseline 77ec0fb
 """
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -68,26 +78,25 @@ def learner_only(
     """
     import torch
 
-    from cleanrl.ppo_atari import Agent, ppo_loss
+    from cleanrl.ppo_atari import Agent, minibatch_loss
 
     batch = num_envs * num_steps
     agent = Agent(4).to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5, fused=True)
-    obs = torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8)
-    actions = torch.randint(0, 4, (batch,))
-    old_logprob, advantages, returns, values = (torch.randn(batch) for _ in range(4))
+    data = {
+        "obs": torch.randint(0, 256, (batch, 4, 84, 84), dtype=torch.uint8),
+        "actions": torch.randint(0, 4, (batch,)),
+    }
+    data |= {k: torch.randn(batch) for k in ("logprobs", "advantages", "returns", "values")}
+    data["weights"] = torch.ones(batch)
 
     def update():
         if vtrace_forward:
             with torch.inference_mode():
-                agent.evaluate(obs, actions)
+                agent.evaluate(data["obs"], data["actions"])
         for _ in range(epochs):
-            for mb in torch.tensor_split(torch.randperm(batch), minibatches):
-                newlogprob, entropy, newvalue = agent.evaluate(obs[mb], actions[mb])
-                pg_loss, v_loss = ppo_loss(
-                    newlogprob, old_logprob[mb], advantages[mb], newvalue, values[mb], returns[mb], 0.1, True
-                )
-                loss = pg_loss - 0.01 * entropy.mean() + 0.5 * v_loss
+            for mb_inds in torch.randperm(batch).view(minibatches, -1):
+                loss, _ = minibatch_loss(agent, {k: v[mb_inds] for k, v in data.items()}, True, 0.1, True, 0.01, 0.5)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
@@ -170,6 +179,82 @@ def atari(args: argparse.Namespace) -> None:
         )
 
 
+def timed_run(tree: Path, script: str, flags: list[str]) -> tuple[float, float]:
+    """(SPS from the first logged iteration to the last, CPU seconds of the run's processes per 1k steps)."""
+    sys.path.insert(0, str(REPO))
+    from cleanrl_utils.tb import ScalarReader
+
+    total = int(flags[flags.index("--total-timesteps") + 1])
+    with tempfile.TemporaryDirectory() as cwd:
+        cmd = [sys.executable, str(tree / "cleanrl" / script), "--no-progress", "--run-name", "bench"]
+        cmd += ["--checkpoint-interval", "0", *flags]
+        env = {**os.environ, "PYTHONPATH": str(tree), "WANDB_MODE": "offline"}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, env=env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        series = ScalarReader(Path(cwd) / "runs/bench").update().get("charts/SPS")
+    sps = (series.steps[-1] - series.steps[0]) / (series.wall_times[-1] - series.wall_times[0])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return sps, 1000 * cpu / total
+
+
+def compare(args: argparse.Namespace) -> None:
+    """This tree against ``--baseline`` on the same configurations, alternated, and this tree's --compile runs."""
+    n, iters = args.num_envs, args.iterations
+    atari = [
+        "--num-envs",
+        str(n),
+        "--num-steps",
+        str(args.num_steps),
+        "--total-timesteps",
+        str(n * args.num_steps * iters),
+    ]
+    cartpole = ["--num-envs", "4", "--num-steps", "128", "--update-epochs", "4", "--num-minibatches", "4"]
+    cartpole += ["--threads", "1", "--total-timesteps", str(args.cartpole_steps)]
+    configs = [
+        ("CartPole, ppo.py", "ppo.py", cartpole, False),
+        ("Breakout, ppo_atari.py sync", "ppo_atari.py", [*atari, "--no-cuda"], False),
+        ("Breakout, ppo_atari.py async", "ppo_atari.py", [*atari, "--no-cuda", "--vector-mode", "async"], False),
+        ("Breakout, ppo_atari_envpool.py", "ppo_atari_envpool.py", [*atari, "--no-cuda"], False),
+        ("Breakout, ppo_atari_multigpu.py (1 process)", "ppo_atari_multigpu.py", [*atari, "--no-cuda"], False),
+        ("Breakout, ppo_atari.py sync --compile", "ppo_atari.py", [*atari, "--no-cuda", "--compile"], True),
+        ("Breakout, ppo_atari_envpool.py --compile", "ppo_atari_envpool.py", [*atari, "--no-cuda", "--compile"], True),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline = Path(tmp) / "baseline"
+        baseline.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.baseline], check=True, capture_output=True)
+        subprocess.run(["tar", "x", "-C", str(baseline)], input=archive.stdout, check=True)
+        results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for _ in range(args.repeats):
+            for name, script, flags, current_only in configs:
+                for label, tree in (("baseline", baseline), ("this tree", REPO)):
+                    if label == "baseline" and current_only:
+                        continue
+                    results.setdefault((name, label), []).append(timed_run(tree, script, flags))
+                    print(f"  {name} [{label}]: {results[name, label][-1][0]:.0f} SPS", file=sys.stderr, flush=True)
+    print(f"This tree against {args.baseline}; {args.repeats} runs of each, alternated; {os.cpu_count()} CPUs")
+    print(f"Breakout: {n} envs x {args.num_steps} steps, {iters} iterations; CartPole: {args.cartpole_steps} steps")
+    print("\n| configuration | baseline SPS | this tree SPS | ratio | baseline CPU s/1k | this tree CPU s/1k |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    eager = {}
+    for name, _, _, current_only in configs:
+        ours = results[name, "this tree"]
+        sps, cpu = statistics.median(r[0] for r in ours), statistics.median(r[1] for r in ours)
+        if current_only:
+            plain = eager[name.removesuffix(" --compile")]
+            print(
+                f"| {name} | (eager, this tree) {plain[0]:.0f} | {sps:.0f} | {sps / plain[0]:.2f} | {plain[1]:.2f} | {cpu:.2f} |"
+            )
+            continue
+        theirs = results[name, "baseline"]
+        base_sps, base_cpu = statistics.median(r[0] for r in theirs), statistics.median(r[1] for r in theirs)
+        eager[name] = (sps, cpu)
+        print(f"| {name} | {base_sps:.0f} | {sps:.0f} | {sps / base_sps:.2f} | {base_cpu:.2f} | {cpu:.2f} |")
+    print("\nSPS: medians, from the first logged iteration to the last (compilation left out); ratio = this tree /")
+    print("baseline (for --compile rows: compiled / eager, both this tree).")
+
+
 def sb3_sps(total: int) -> float:
     code = f"""
 import time, torch
@@ -224,7 +309,8 @@ def cartpole(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", choices=["atari", "cartpole", "all"], default="all")
+    parser.add_argument("--section", choices=["atari", "cartpole", "all", "compare"], default="all")
+    parser.add_argument("--baseline", default="HEAD", help="the commit --section compare measures against")
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--update-epochs", type=int, default=4)
@@ -234,6 +320,9 @@ def main() -> None:
     parser.add_argument("--cartpole-steps", type=int, default=50_000)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
+    if args.section == "compare":
+        compare(args)
+        return
     if args.section in ("atari", "all"):
         atari(args)
     if args.section in ("cartpole", "all"):

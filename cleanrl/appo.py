@@ -50,9 +50,10 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.actors import ActorChannel, ActorPool
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks
 from cleanrl_utils.envs import EnvSnapshot, check_env_id
 from cleanrl_utils.monitor import DeviceClock
+from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.param_server import ParameterServer
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
@@ -324,7 +325,7 @@ def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int
 def main() -> None:
     # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
     # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = start(Args, validate, __file__)
+    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
     device = ranks.device
     rank, world_size, distributed = ranks.rank, ranks.world_size, ranks.distributed
 
@@ -354,6 +355,7 @@ def main() -> None:
             dist.broadcast(param.data, src=0)
     params = list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
     start_update, global_step, version = 1, 0, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
@@ -379,8 +381,8 @@ def main() -> None:
     actor_args = [(args, seeds[a], slots, param_server, video_dir) for a in range(args.num_actors)]
     actors = ActorPool(actor_loop, actor_args, num_slots, args.env_id, args.actor_timeout)
 
-    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
     writer = run.writer
     comm_clock = DeviceClock(device)  # CUDA events on a GPU, where an NCCL call returns before its work is done
     dropped = 0
@@ -476,16 +478,16 @@ def main() -> None:
                         with comm_clock:
                             all_reduce_mean_([p.grad for p in params], world_size)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
+                    nan_guard.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
 
             # PUBLISH the new weights for the actors.
             version += 1
             param_server.publish(agent, version)
-            run.raise_if_nonfinite("gradient norm", ranks.max)  # one read per update; no NaN step reached the weights
+            nan_guard.check(run.last_checkpoint, ranks.max)  # one read per update; no NaN step reached the weights
             learn_time = time.perf_counter() - learn_start
 
             # LOGGING: rank 0 logs the episodes of every rank and the slowest rank's figures.
-            local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+            local_sps = run.sps(global_step) / world_size
             stats = {"learn_time": learn_time, "comm_time": comm_clock.read(), "queue_depth": queue_depth}
             stats |= {"learner_idle_fraction": learner_wait / (learner_wait + learn_time), "dropped_rollouts": dropped}
             stats |= {
@@ -524,11 +526,10 @@ def main() -> None:
                 path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
-        ranks.close()
     except RUN_ERRORS as e:  # a dead actor, a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
-        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
+        ranks.exit_on_lost_rank(e, global_step, run.last_checkpoint)
     finally:
         actors.close()
         run.close()

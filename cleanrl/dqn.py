@@ -44,7 +44,8 @@ from cleanrl_utils.buffers import ReplayBuffer, to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, report_and_exit, require_positive, start
+from cleanrl_utils.nan_guard import NaNGuard
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, report_and_exit, require_positive, setup_run
 
 
 @dataclass
@@ -189,7 +190,7 @@ def td_target(
 
 
 def main() -> None:
-    args, run_dir, checkpoint = start(Args, validate, __file__)  # exit 2 on bad input, before any work
+    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # exit 2 on bad input, before any work
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -216,6 +217,7 @@ def main() -> None:
     target_network = QNetwork(int(np.prod(obs_shape)), n_actions).to(device)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
     rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_shape, (), np.float32, np.int64, seed=args.seed)
     loss = old_val = torch.zeros((), device=device)  # of the latest gradient step
 
@@ -236,7 +238,7 @@ def main() -> None:
     first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else global_step + args.learning_starts
 
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, checkpoint, global_step, device)
+    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock = DeviceClock(device), DeviceClock(device)  # CUDA events on a GPU
@@ -286,7 +288,7 @@ def main() -> None:
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-                        run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                        nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
@@ -295,7 +297,7 @@ def main() -> None:
             # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
             if step % log_every == 0 or due:
-                run.raise_if_nonfinite("gradient norm")
+                nan_guard.check(run.last_checkpoint)
             if step % log_every == 0:
                 if global_step > first_learning_step:
                     writer.add_scalar("losses/td_loss", loss.item(), global_step)

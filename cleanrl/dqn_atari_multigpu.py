@@ -64,9 +64,10 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import ReplayBuffer, to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
+from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
@@ -279,7 +280,7 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
 def main() -> None:
     # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
     # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = start(Args, validate, __file__)
+    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
     device = ranks.device
     world_size, distributed = ranks.world_size, ranks.distributed
     local_num_envs, local_batch_size = args.num_envs // world_size, args.batch_size // world_size
@@ -310,6 +311,7 @@ def main() -> None:
     target_network.load_state_dict(q_network.state_dict())
     params = list(q_network.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
     # This rank's shard: its own envs' transitions only, buffer_size / world_size of them.
     rb = ReplayBuffer(
         args.buffer_size // world_size,
@@ -338,8 +340,8 @@ def main() -> None:
     # without a saved replay, a resumed run refills its buffer before learning again
     first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else global_step + args.learning_starts
 
-    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock, comm_clock = (DeviceClock(device) for _ in range(3))  # CUDA events on a GPU
@@ -393,7 +395,7 @@ def main() -> None:
                             with comm_clock:
                                 all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                         grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                        run.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
+                        nan_guard.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips alike
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
@@ -404,9 +406,9 @@ def main() -> None:
             signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
             if step % log_every == 0 or due:
-                run.raise_if_nonfinite("gradient norm", ranks.max)
+                nan_guard.check(run.last_checkpoint, ranks.max)
             if step % log_every == 0:
-                local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+                local_sps = run.sps(global_step) / world_size
                 timings = {
                     "env_time": env_time,
                     "inference_time": inference_clock.read(),
@@ -447,11 +449,10 @@ def main() -> None:
                 path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
-        ranks.close()
     except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
-        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
+        ranks.exit_on_lost_rank(e, global_step, run.last_checkpoint)
     finally:
         run.close()
         envs.close()

@@ -10,14 +10,13 @@ Launch:
         --rdzv-endpoint=HOST:29400 --rdzv-id=breakout cleanrl/ppo_atari_multigpu.py --num-envs 128
     torchrun --standalone --nproc_per_node=2 --max-restarts=3 cleanrl/ppo_atari_multigpu.py --run-name r1
 
-Preprocessing (cleanrl_utils/atari_wrappers.py): no-op starts, frame skip 4 with max-pooling,
-episodic life (training episodes end on a lost life; the game resets only on game over), FIRE on
-reset, reward clipping to the sign, 84x84 grayscale, 4-frame stack. ``charts/episodic_return`` is
-the raw score of whole games.
+Preprocessing (cleanrl_utils/atari_wrappers.py): no-op starts, frame skip 4 with max-pooling, episodic
+life (training episodes end on a lost life; the game resets only on game over), FIRE on reset, reward
+clipping to the sign, 84x84 grayscale, 4-frame stack. ``charts/episodic_return`` is whole games' score.
 
 Autoreset: next-step (gymnasium's default). The step that ends an episode returns its real final
 observation; the next ``step`` only resets that env. Such reset steps stay in the rollout to keep
-the time axis aligned but are dropped from the training batch. Termination (including a lost
+the time axis aligned but weigh 0 in the loss. Termination (including a lost
 life) stops bootstrapping; truncation (the 108k-frame limit) bootstraps from the final observation.
 
 Sizes: ``--num-envs`` and ``--total-timesteps`` are global (summed over ranks); each rank runs
@@ -36,9 +35,12 @@ stops the run naming the last good checkpoint; a rank that stops answering is na
 ``--dist-timeout``. Checkpoints, resume, torchrun restarts and Ctrl-C are cleanrl_utils/distributed.py's:
 rank 0 alone reads and writes the file, which holds every rank's env and RNG state (an exact resume).
 
-Defaults are CleanRL's Atari PPO settings (no departure). Speed: observations are stored as uint8
-and converted on the device in the network; the CNN runs channels-last, which makes the CPU update
-about 1.6x faster. Reference figures: benchmark/ppo_throughput.sh, benchmark/ppo_multigpu_scaling.sh.
+Defaults are CleanRL's Atari PPO settings (no departure). Speed: rollouts stay on the device (frames as the
+uint8 sent for act()), so the host waits for the GPU once per env step, for the actions; minibatches
+keep one size (reset steps weigh 0); the CNN runs channels-last. ``--compile`` compiles the policy
+step and the loss, ``--cudagraphs`` replays the policy step as a CUDA graph, and
+``--no-torch-deterministic`` lets cuDNN autotune and matmuls use TF32 (GPUs only; results then vary).
+Reference figures: benchmark/ppo_throughput.sh, benchmark/ppo_multigpu_scaling.sh, benchmark/gpu_check.sh.
 """
 
 import os
@@ -58,9 +60,10 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start, to_cpu
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks, to_cpu
 from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
+from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
 gym.register_envs(ale_py)
@@ -73,7 +76,7 @@ class Args:
     seed: int = 1
     """seed of the experiment; env i of rank r is seeded with seed + r * local_num_envs + i"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (faster on GPUs)"""
     cuda: bool = True
     """if toggled, train on CUDA when available"""
     threads: int | None = None
@@ -94,6 +97,10 @@ class Args:
     """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
+    compile: bool = False
+    """if toggled, torch.compile the policy step and the minibatch loss (the first iterations pay for compiling)"""
+    cudagraphs: bool = False
+    """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
@@ -162,6 +169,8 @@ def validate(args: Args, ranks: Ranks) -> None:
         fail(f"--gae-lambda {args.gae_lambda}: must be in [0, 1]")
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     local_batch_size = args.num_envs // ranks.world_size * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
         fail(
@@ -261,16 +270,39 @@ def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, 
     return advantages, advantages + values
 
 
-def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef: float, clip_vloss: bool):
-    """Clipped surrogate policy loss and (optionally clipped) value loss of a minibatch, both to be minimised."""
-    ratio = (newlogprob - oldlogprob).exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+def weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum(weights * x) / sum(weights): with weights 0 and 1, the mean over the rows that weigh 1."""
+    return (x * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def minibatch_loss(agent: Agent, mb: dict[str, torch.Tensor], norm_adv: bool, clip_coef: float, clip_vloss: bool,
+                   ent_coef: float, vf_coef: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """PPO's loss on minibatch ``mb`` (clipped surrogate, optionally clipped value loss, entropy bonus), whose
+    rows weigh ``mb["weights"]``: 1 for a transition, 0 for a step that only reset its env.
+
+    Every mean is weighted and advantages are normalised over the weighted rows, so the loss and its
+    gradients are those of the transitions alone, while the minibatch keeps one size every iteration
+    (no data-dependent shapes: torch.compile compiles it once, cuDNN plans once). Returns the loss and,
+    detached, (policy loss, value loss, entropy, old approx KL, approx KL, clip fraction).
+    """
+    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]
+    newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+    if norm_adv:  # over the minibatch's transitions, with Tensor.std's unbiased estimate, once there are two
+        n, mean = w.sum(), weighted_mean(adv, w)
+        std = (((adv - mean) ** 2 * w).sum() / (n - 1).clamp(min=1.0)).sqrt()
+        adv = torch.where(n > 1, (adv - mean) / (std + 1e-8), adv)
+    pg_loss = weighted_mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)), w)
+    v_loss = (newvalue - ret) ** 2
     if clip_vloss:
-        v_clipped = oldvalue + (newvalue - oldvalue).clamp(-clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-    return pg_loss, v_loss
+        v_loss = torch.max(v_loss, (old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef) - ret) ** 2)
+    v_loss = 0.5 * weighted_mean(v_loss, w)
+    entropy_loss = weighted_mean(entropy, w)
+    with torch.no_grad():
+        kl_clip = (-logratio, (ratio - 1) - logratio, ((ratio - 1.0).abs() > clip_coef).float())
+        stats = torch.stack([pg_loss, v_loss, entropy_loss, *(weighted_mean(x, w) for x in kl_clip)])
+    return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, stats
 
 
 def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: str = "none") -> None:
@@ -296,7 +328,7 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
 def main() -> None:
     # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
     # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = start(Args, validate, __file__)
+    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
     device = ranks.device
     world_size, distributed = ranks.world_size, ranks.distributed
     local_num_envs = args.num_envs // world_size
@@ -308,6 +340,8 @@ def main() -> None:
     np.random.seed(args.seed + ranks.rank)
     torch.manual_seed(args.seed + ranks.rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.backends.cudnn.benchmark = not args.torch_deterministic  # the fastest kernels for each (fixed) shape
+    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # high: TF32 on GPUs
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -329,14 +363,17 @@ def main() -> None:
     params = list(agent.parameters())
     # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True)
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
+    act = torch.compile(agent.act, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else agent.act
+    loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
+    loss_coefs = (args.norm_adv, args.clip_coef, args.clip_vloss, args.ent_coef, args.vf_coef)
 
-    # ROLLOUT STORAGE in host memory, frames as bytes: a numpy write costs ~1us where a tensor copy costs ~5us.
-    # Step t holds obs_t, the action taken in it and what stepping returned.
+    # ROLLOUT STORAGE, step t: obs_t, its action and what stepping returned; the policy's side on the device
     shape = (args.num_steps, local_num_envs)
-    obs = np.zeros((*shape, *obs_shape), dtype=np.uint8)
-    actions, valid = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool)
-    logprobs, rewards, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-    terminations, dones = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    obs = torch.zeros((*shape, *obs_shape), dtype=torch.uint8, device=device)
+    actions = torch.zeros(shape, dtype=torch.long, device=device)
+    logprobs, values = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+    rewards, terminations, dones, valid = (np.zeros(shape, np.float32) for _ in range(4))  # valid: 1 or 0
 
     next_obs, _ = envs.reset(seed=env_seeds)
     next_done = np.zeros(local_num_envs, dtype=bool)  # did the previous step end an episode?
@@ -349,8 +386,8 @@ def main() -> None:
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
 
-    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
     writer = run.writer
     comm_clock = DeviceClock(device)  # CUDA events on a GPU, where an NCCL call returns before its work is done
     try:
@@ -364,15 +401,15 @@ def main() -> None:
             # ROLLOUT of this rank's envs; their episodes go to rank 0 with the logs
             for step in range(args.num_steps):
                 global_step += args.num_envs
-                obs[step] = next_obs
                 valid[step] = ~next_done  # a step right after an episode end only resets that env
 
                 t0 = time.perf_counter()
+                obs[step] = to_device(next_obs, device)
                 with torch.inference_mode():
-                    action, logprob, value = agent.act(to_device(obs[step], device))
-                actions[step], logprobs[step], values[step] = (t.cpu().numpy() for t in (action, logprob, value))
+                    actions[step], logprobs[step], values[step] = act(obs[step])
+                action = actions[step].cpu().numpy()  # the one wait for the device per step: the envs need it
                 t1 = time.perf_counter()
-                next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
+                next_obs, reward, terminated, truncated, infos = envs.step(action)
                 env_time, inference_time = env_time + time.perf_counter() - t1, inference_time + t1 - t0
 
                 next_done = np.logical_or(terminated, truncated)
@@ -387,45 +424,22 @@ def main() -> None:
             learn_start = time.perf_counter()
             with torch.inference_mode():
                 next_value = agent.get_value(to_device(next_obs, device)).cpu().numpy()
+            values_np = values.cpu().numpy()  # one copy per iteration
             advantages, returns = compute_gae(
-                rewards, values, next_value, terminations, dones, args.gamma, args.gae_lambda
+                rewards, values_np, next_value, terminations, dones, args.gamma, args.gae_lambda
             )
 
-            # UPDATE: only real transitions enter the batch (reset steps are left out); to a GPU without a host wait.
-            b_valid = valid.reshape(-1)
-            b_obs = to_device(obs.reshape((-1, *obs_shape))[b_valid], device)
-            b_logprobs = to_device(logprobs.reshape(-1)[b_valid], device)
-            b_actions = to_device(actions.reshape((-1, *actions.shape[2:]))[b_valid], device)
-            b_advantages = to_device(advantages.reshape(-1)[b_valid], device)
-            b_returns = to_device(returns.reshape(-1)[b_valid], device)
-            b_values = to_device(values.reshape(-1)[b_valid], device)
-            clipfracs = []
+            # UPDATE on fixed-size minibatches of the whole rollout; steps that only reset their env weigh 0.
+            host = {"advantages": advantages, "returns": returns, "weights": valid}
+            batch = {"obs": obs, "actions": actions, "logprobs": logprobs, "values": values}
+            batch |= {k: to_device(v, device) for k, v in host.items()}
+            batch = {k: v.flatten(0, 1) for k, v in batch.items()}  # (steps, envs, ...) -> (steps x envs, ...)
+            minibatch_stats = []
             for _epoch in range(args.update_epochs):
-                b_inds = torch.randperm(b_obs.shape[0], device=device)
-                for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
-                    newlogprob, entropy, newvalue = agent.evaluate(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    with torch.no_grad():
-                        ratio = logratio.exp()
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv and mb_advantages.numel() > 1:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss = ppo_loss(
-                        newlogprob,
-                        b_logprobs[mb_inds],
-                        mb_advantages,
-                        newvalue,
-                        b_values[mb_inds],
-                        b_returns[mb_inds],
-                        args.clip_coef,
-                        args.clip_vloss,
-                    )
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                for mb_inds in torch.randperm(len(batch["obs"]), device=device).view(args.num_minibatches, -1):
+                    mb = {k: v.index_select(0, mb_inds) for k, v in batch.items()}  # rows: 10x v[mb_inds] on a CPU
+                    loss, mb_stats = loss_fn(agent, mb, *loss_coefs)
+                    minibatch_stats.append(mb_stats)
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -433,14 +447,14 @@ def main() -> None:
                         with comm_clock:
                             all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
                     local_steps += 1
                     if distributed and args.sync_every > 1 and local_steps % args.sync_every == 0:
                         with comm_clock:
                             all_reduce_mean_([p.data for p in params], world_size)  # local SGD: average the parameters
 
                 if args.target_kl is not None:
-                    kl = approx_kl.detach().reshape(1)
+                    kl = mb_stats[4:5].clone()  # the last minibatch's approx KL
                     if distributed:  # one decision for all ranks
                         all_reduce_mean_([kl], world_size)
                     if kl.item() > args.target_kl:
@@ -448,26 +462,28 @@ def main() -> None:
             if distributed and args.sync_every > 1 and local_steps % args.sync_every:  # one policy for every rollout
                 with comm_clock:
                     all_reduce_mean_([p.data for p in params], world_size)
-            run.raise_if_nonfinite("gradient norm", ranks.max)  # one read per iteration, the same on every rank
+            nan_guard.check(run.last_checkpoint, ranks.max)  # one read per iteration, the same on every rank
             learn_time = time.perf_counter() - learn_start  # after that read, so the device's work is counted
 
             # LOGGING: rank 0 logs the episodes and timings of every rank.
-            local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+            local_sps = run.sps(global_step) / world_size
             timings = {"env_time": env_time, "inference_time": inference_time, "learn_time": learn_time}
             timings |= {"comm_time": comm_clock.read(), "rollout_wait_time": wait_time}
             gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
             if ranks.is_main:
                 log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
-                y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-                var_y = np.var(y_true)
-                explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+                stats = torch.stack(minibatch_stats)  # the last minibatch's losses, all minibatches' clip fraction
+                stats = torch.cat((stats[-1, :5], stats[:, 5:].mean(0))).tolist()  # one read of the device
+                pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = stats
+                var_y = np.var(returns[valid > 0])
+                explained_var = np.nan if var_y == 0 else 1 - np.var(returns[valid > 0] - values_np[valid > 0]) / var_y
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-                writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-                writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-                writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+                writer.add_scalar("losses/value_loss", v_loss, global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+                writer.add_scalar("losses/entropy", entropy_loss, global_step)
+                writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+                writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+                writer.add_scalar("losses/clipfrac", clipfrac, global_step)
                 writer.add_scalar("losses/explained_variance", explained_var, global_step)
                 run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
 
@@ -493,11 +509,10 @@ def main() -> None:
                 path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
-        ranks.close()
     except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
-        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
+        ranks.exit_on_lost_rank(e, global_step, run.last_checkpoint)
     finally:
         run.close()
         envs.close()

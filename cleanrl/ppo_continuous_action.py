@@ -36,7 +36,8 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, start
+from cleanrl_utils.nan_guard import NaNGuard
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, setup_run
 
 
 @dataclass
@@ -235,7 +236,7 @@ def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, cl
 
 
 def main() -> None:
-    args, run_dir, checkpoint = start(Args, validate, __file__)  # exit 2 on bad input, before any work
+    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # exit 2 on bad input, before any work
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
 
@@ -265,11 +266,10 @@ def main() -> None:
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
 
     agent = Agent(int(np.prod(obs_shape)), int(np.prod(action_shape))).to(device)
-    # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
 
-    # ROLLOUT STORAGE in host memory: per-step numpy writes cost ~1us where a tensor copy costs ~5us.
-    # Step t holds obs_t, the action taken in it and what stepping returned.
+    # ROLLOUT STORAGE in host memory (numpy writes ~1us, tensor copies ~5us), step t: obs_t, its action, its outcome
     shape = (args.num_steps, args.num_envs)
     obs = np.zeros((*shape, *obs_shape), dtype=np.float32)
     actions, valid = np.zeros((*shape, *action_shape), dtype=np.float32), np.zeros(shape, dtype=bool)
@@ -288,7 +288,7 @@ def main() -> None:
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
 
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, checkpoint, global_step, device)
+    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint)
     writer = run.writer
     try:
         for iteration in range(start_iteration, num_iterations + 1):
@@ -366,11 +366,11 @@ def main() -> None:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    run.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
-            run.raise_if_nonfinite("gradient norm")  # one host read per iteration; no NaN step reached the weights
+            nan_guard.check(run.last_checkpoint)  # one host read per iteration; no NaN step reached the weights
             learn_time = time.perf_counter() - learn_start  # after that read, so the device's work is counted
 
             # LOGGING

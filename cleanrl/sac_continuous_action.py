@@ -46,7 +46,8 @@ from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, start
+from cleanrl_utils.nan_guard import NaNGuard
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, setup_run
 
 
 @dataclass
@@ -220,7 +221,7 @@ def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 def main() -> None:
-    args, run_dir, checkpoint = start(Args, validate, __file__)  # exit 2 on bad input, before any work
+    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # exit 2 on bad input, before any work
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -262,6 +263,7 @@ def main() -> None:
     target_entropy = -float(np.prod(action_shape))
     log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr, fused=True)
+    nan_guard = NaNGuard(device, "loss")  # optimizer steps that a NaN/inf never reaches (no host wait)
     alpha = args.alpha
     rb = ReplayBuffer(args.buffer_size, args.num_envs, (obs_dim,), action_shape, np.float32, np.float32, seed=args.seed)
 
@@ -290,7 +292,7 @@ def main() -> None:
     first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
 
     # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, checkpoint, global_step, device)
+    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock = DeviceClock(device), DeviceClock(device)  # CUDA events on a GPU
@@ -339,7 +341,7 @@ def main() -> None:
                     qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
                     q_optimizer.zero_grad(set_to_none=True)
                     qf_loss.backward()
-                    run.step(q_optimizer, qf_loss, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(q_optimizer, qf_loss, global_step)  # skipped on the device if NaN/inf: no host wait
                     updates += 1
 
                     if updates % args.policy_frequency == 0:
@@ -349,12 +351,12 @@ def main() -> None:
                             actor_loss = (alpha * log_pi - min_q_pi).mean()
                             actor_optimizer.zero_grad(set_to_none=True)
                             actor_loss.backward()
-                            run.step(actor_optimizer, actor_loss, global_step)
+                            nan_guard.step(actor_optimizer, actor_loss, global_step)
                             if args.autotune:
                                 alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
                                 a_optimizer.zero_grad(set_to_none=True)
                                 alpha_loss.backward()
-                                run.step(a_optimizer, alpha_loss, global_step)
+                                nan_guard.step(a_optimizer, alpha_loss, global_step)
                                 alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
 
                     if updates % args.target_network_frequency == 0:
@@ -364,7 +366,7 @@ def main() -> None:
             # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
             if step % log_every == 0 or due:
-                run.raise_if_nonfinite("loss")
+                nan_guard.check(run.last_checkpoint)
             if step % log_every == 0:
                 writer.add_scalar("perf/env_time", env_time, global_step)
                 writer.add_scalar("perf/inference_time", inference_clock.read(), global_step)

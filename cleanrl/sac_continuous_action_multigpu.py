@@ -58,9 +58,10 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, start
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
+from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
 
 
@@ -290,7 +291,7 @@ def backward_averaged(
 def main() -> None:
     # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
     # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = start(Args, validate, __file__)
+    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
     device = ranks.device
     world_size, distributed = ranks.world_size, ranks.distributed
     local_num_envs, local_batch_size = args.num_envs // world_size, args.batch_size // world_size
@@ -339,6 +340,7 @@ def main() -> None:
     target_entropy = -float(np.prod(action_shape))
     log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr, fused=True)
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
     alpha = args.alpha
     q_params = [*qf1.parameters(), *qf2.parameters()]
     # the actor's and the temperature's gradients travel in one buffer, and step together
@@ -379,8 +381,8 @@ def main() -> None:
     # without a saved replay, a resumed run refills its buffer before learning again
     first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
 
-    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, checkpoint, global_step, device, ranks.is_main, {"world_size": world_size})
+    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock, comm_clock = (DeviceClock(device) for _ in range(3))  # CUDA events on a GPU
@@ -429,7 +431,7 @@ def main() -> None:
                     qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
                     qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
                     norm = backward_averaged(qf_loss, q_params, world_size, args.grad_compression, comm_clock)
-                    run.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf: no host wait
                     updates += 1
 
                     if updates % args.policy_frequency == 0:
@@ -442,7 +444,7 @@ def main() -> None:
                             loss = actor_loss + alpha_loss if args.autotune else actor_loss
                             norm = backward_averaged(loss, actor_params, world_size, args.grad_compression, comm_clock)
                             for optimizer in actor_optimizers:
-                                run.step(optimizer, norm, global_step)
+                                nan_guard.step(optimizer, norm, global_step)
                             if args.autotune:
                                 alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
 
@@ -454,9 +456,9 @@ def main() -> None:
             signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
             if step % log_every == 0 or due:
-                run.raise_if_nonfinite("gradient norm", ranks.max)
+                nan_guard.check(run.last_checkpoint, ranks.max)
             if step % log_every == 0:
-                local_sps = (global_step - run.start_step) / world_size / (time.perf_counter() - run.start_time)
+                local_sps = run.sps(global_step) / world_size
                 timings = {"inference_time": inference_clock.read(), "learn_time": learn_clock.read()}
                 timings |= {"env_time": env_time, "comm_time": comm_clock.read()}
                 gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
@@ -501,11 +503,10 @@ def main() -> None:
                 path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
-        ranks.close()
     except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     except RuntimeError as e:  # a collective that failed: name the rank that stopped answering
-        ranks.exit_on_lost_rank(e, global_step, run.checkpoints.last)
+        ranks.exit_on_lost_rank(e, global_step, run.last_checkpoint)
     finally:
         run.close()
         envs.close()

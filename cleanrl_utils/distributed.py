@@ -3,11 +3,15 @@ collective checkpoints, the agreed stop and a rank that stops answering. None of
 
 One code path for 1..N processes. ``Ranks.from_env()`` reads what torchrun sets (``RANK`` is the
 global rank, ``LOCAL_RANK`` picks the device, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``); a plain
-``python`` launch is rank 0 of 1 and never starts a process group. ``start`` then picks the device,
-joins the process group (nccl with CUDA, gloo otherwise) and opens a gloo *side group* for Python
-objects: checkpoint parts, the run plan and per-rank statistics are CPU data, and on a gloo group
-the host call completes the transfer (under NCCL they would be staged through GPU memory and sent
-asynchronously).
+``python`` launch is rank 0 of 1 and never starts a process group. ``setup_ranks`` then picks the
+device, joins the process group (nccl with CUDA, gloo otherwise) and opens a gloo *side group* for
+everything that is not a tensor of the model: Python objects (checkpoint parts, the run
+plan, per-rank statistics) and the host-level agreements (the barrier after the rollouts, the largest
+NaN record, the stop signal). On a gloo group the host call completes the transfer, and a peer that
+is gone raises in Python (after ``--dist-timeout`` at most) so the run can say which rank it lost.
+On the NCCL group the same calls would be queued on the GPU, the host would wait for them in a CUDA
+sync, and NCCL's watchdog would abort the process there without a word. The process group is left
+(``destroy_process_group``) on every exit path: error, signal, NaN or the end.
 
 Checkpoints are read and written by rank 0 alone (no shared filesystem needed): at a checkpoint
 every rank hands rank 0 its own part (env state, RNG states, replay shard, parameter digest), rank 0
@@ -17,10 +21,13 @@ writes one file, and every rank waits for the outcome before it may go on or exi
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -31,19 +38,35 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from cleanrl_utils.checkpoint import CheckpointError
-from cleanrl_utils.run import Run, RunError, fail, find_checkpoint, note, parse_args, read_checkpoint, resumed_args
+from cleanrl_utils.run import (
+    Run,
+    RunError,
+    fail,
+    find_checkpoint,
+    note,
+    parse_args,
+    read_checkpoint,
+    require_positive,
+    settled_args,
+)
 
 
-def start(args_class: type, validate, script_file: str) -> tuple[Ranks, Any, Path, dict[str, Any] | None]:
-    """The torchrun scripts' start: this process's rank (from torchrun's environment), the command line,
-    validation (one line and exit 2 before any process group), the device and process group, and the
-    run plan. Returns (ranks, args, run directory, this rank's checkpoint or None); the device is
+def setup_ranks(args_class: type, validate, script_file: str) -> tuple[Ranks, Any, Path, dict[str, Any] | None]:
+    """A torchrun script's set-up: this process's rank (from torchrun's environment), the command line,
+    validation (one line and exit 2: before any process group for a new run, once the checkpoint's
+    settings are merged for ``--resume``), the device and process group, and the run plan. Returns (ranks, args, run directory, this rank's checkpoint or None); the device is
     ``ranks.device``."""
     ranks = Ranks.from_env()
     args = parse_args(args_class, ranks.world_size)
-    validate(args, ranks)
-    ranks.start(args.cuda, args.backend, args.device_ids, args.dist_timeout)
-    args, run_dir, checkpoint = ranks.plan(args, script_file)
+    if args.resume is None:
+        validate(args, ranks)  # a new run: all of it is refused before any process group
+    else:  # what joining needs (launch flags: the new ones count); the rest once the checkpoint is read
+        require_positive(args, "dist_timeout")
+        check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    ranks.join_process_group(args.cuda, args.backend, args.device_ids, args.dist_timeout)
+    run_dir, checkpoint = ranks.plan(args, script_file)
+    if checkpoint is not None:  # the same settings on every rank: all exit 2 alike
+        args = settled_args(args, checkpoint, validate, ranks)
     return ranks, args, run_dir, checkpoint
 
 
@@ -84,8 +107,9 @@ class Ranks:
     distributed: bool = False  # launched by torchrun (even with one process): a process group exists
     device: torch.device = torch.device("cpu")
     timeout: float = 600.0
-    store: Any = None
-    objects: Any = None  # the gloo side group for Python objects
+    store: Any = None  # this attempt's keys (prefixed) of torchrun's store
+    run_store: Any = None  # torchrun's store, unprefixed: it outlives a restart of the workers
+    objects: Any = None  # the gloo side group for Python objects and host-level agreements
 
     @classmethod
     def from_env(cls) -> Ranks:
@@ -104,8 +128,10 @@ class Ranks:
         return self.rank == 0
 
     # ----------------------------------------------------------------------------------------
-    def start(self, cuda: bool, backend: str | None, device_ids: list[int] | None, timeout: float) -> torch.device:
-        """Pick this rank's device and join the process group; returns the device."""
+    def join_process_group(
+        self, cuda: bool, backend: str | None, device_ids: list[int] | None, timeout: float
+    ) -> torch.device:
+        """Pick this rank's device and join the process group (under torchrun); returns the device."""
         cuda = cuda and torch.cuda.is_available()
         self.device = select_device(cuda, self.local_rank, device_ids)
         self.timeout = timeout
@@ -132,6 +158,7 @@ class Ranks:
             timeout=timeout,
             multi_tenant=not agent_store,
         )
+        self.run_store = store if agent_store else None
         self.store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
         dist.init_process_group(
             backend,
@@ -142,8 +169,10 @@ class Ranks:
             device_id=self.device if backend == "nccl" else None,
         )
         self.objects = dist.new_group(backend="gloo", timeout=timeout)
+        atexit.register(self.close)  # also on the paths that leave before the run's ``finally`` (exit 2 in set-up)
 
     def close(self) -> None:
+        """Leave the process group (every rank, on every exit path, so none warns or hangs at exit)."""
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -173,13 +202,18 @@ class Ranks:
         return box[0]
 
     # ---------------------------------------------------------------------------------------- the run plan
-    def plan(self, args: Any, script_file: str) -> tuple[Any, Path, dict[str, Any] | None]:
-        """Which run this launch is, and what each rank restores; returns (args, run_dir, this rank's checkpoint).
+    def plan(self, args: Any, script_file: str) -> tuple[Path, dict[str, Any] | None]:
+        """Which run this launch is, and what each rank restores; returns (run_dir, this rank's checkpoint).
 
         Rank 0 names the run (stable across torchrun restarts: it carries torchrun's run id), finds
         the checkpoint (``--resume``, or the newest one of the run after a torchrun restart), reads
         it and hands every rank the shared part plus its own. Refusals are one line and exit 2 on
-        every rank. The resume rule of cleanrl_utils/run.py applies to the checkpoint's settings.
+        every rank. The resume rule of cleanrl_utils/run.py then applies to the checkpoint's settings
+        (``settled_args``).
+
+        Rank 0 alone writes checkpoints, on its own node. A restart that puts rank 0 on a node that
+        does not hold the newest one (torchrun's store remembers its step and host) is refused rather
+        than starting the run again from an older file or from step 0.
         """
         script = Path(script_file).name
         plan: dict[str, Any] = {"error": None, "run_name": None, "path": None}
@@ -188,8 +222,11 @@ class Ranks:
             restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
             try:
                 plan["run_name"], path = find_checkpoint(args, os.environ.get("TORCHELASTIC_RUN_ID"), restarted)
-                if path is not None:
-                    saved = read_checkpoint(path, script)
+                saved = read_checkpoint(path, script) if path is not None else None
+                if restarted:  # (with --resume the run's name is the checkpoint's)
+                    name = saved["run_name"] if saved is not None else plan["run_name"]
+                    self._refuse_a_lost_checkpoint(name, saved and saved["global_step"])
+                if saved is not None:
                     if saved["world_size"] != self.world_size:
                         raise CheckpointError(
                             f"checkpoint {path} was written by {saved['world_size']} processes, this run has "
@@ -206,9 +243,27 @@ class Ranks:
         checkpoint = None
         if plan["path"] is not None:
             checkpoint = self.scatter(parts)
-            args = resumed_args(args, checkpoint)
             note(f"resuming from {plan['path']}")
-        return args, Path("runs") / plan["run_name"], checkpoint
+        return Path("runs") / plan["run_name"], checkpoint
+
+    def _refuse_a_lost_checkpoint(self, run_name: str, found_step: int | None) -> None:
+        """After a torchrun restart: raise CheckpointError if the run wrote a newer checkpoint than rank 0 finds."""
+        key = f"cleanrl/checkpoint/{run_name}"
+        if self.run_store is None or not self.run_store.check([key]):
+            return
+        step, host = self.run_store.get(key).decode().split(" ", 1)
+        if found_step is None or found_step < int(step):
+            has = "no checkpoint of it" if found_step is None else f"only the checkpoint of step {found_step}"
+            raise CheckpointError(
+                f"torchrun restarted runs/{run_name} with rank 0 on {socket.gethostname()}, which has {has}; the "
+                f"newest (step {step}) is on {host}: give the nodes one shared runs/ directory, or keep rank 0's node"
+            )
+
+    def _record_checkpoint(self, run_name: str, global_step: int) -> None:
+        """Remember in torchrun's store which host holds the run's newest checkpoint (best effort)."""
+        if self.run_store is not None:
+            with contextlib.suppress(RuntimeError):  # a store that is gone: torchrun itself is going down
+                self.run_store.set(f"cleanrl/checkpoint/{run_name}", f"{global_step} {socket.gethostname()}")
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, run: Run, shared: dict[str, Any], own: dict[str, Any], global_step: int) -> Path:
@@ -225,6 +280,7 @@ class Ranks:
                 if len({repr(p.get("parameters_sha256")) for p in parts}) != 1:
                     raise RunError(f"ranks hold different parameters at step {global_step}; not checkpointing")
                 outcome["path"] = str(run.save({**shared, "world_size": self.world_size, "ranks": parts}, global_step))
+                self._record_checkpoint(run.checkpoints.run_name, global_step)
             except RunError as e:
                 outcome["error"] = str(e)
         outcome = self.broadcast(outcome)
@@ -235,23 +291,25 @@ class Ranks:
 
     # ---------------------------------------------------------------------------------------- agreement
     def wait_for_all(self) -> float:
-        """Wait until every rank gets here; returns the seconds waited. Ranks finish their rollouts at
-        different times (games differ in speed): waiting once, here, keeps that imbalance out of the
-        timings of the collectives that follow."""
+        """Wait until every rank gets here (on the side group); returns the seconds waited. Ranks finish their
+        rollouts at different times (games differ in speed): waiting once, here, keeps that imbalance out
+        of the timings of the collectives that follow."""
         start = time.perf_counter()
         if self.distributed:
-            dist.barrier()
+            dist.barrier(group=self.objects)
         return time.perf_counter() - start
 
     def agree_on_signal(self, signum: int | None) -> int:
         """The largest signal number any rank received (0: none), so every rank stops at the same point."""
-        return int(self.max(torch.tensor(signum or 0, device=self.device)))
+        return int(self.max(torch.tensor(signum or 0)))
 
     def max(self, value: torch.Tensor) -> torch.Tensor:
-        """The largest ``value`` (a tensor on this rank's device) over all ranks, so every rank decides the same."""
+        """The largest ``value`` over all ranks (on the CPU, over the side group), so every rank decides the same.
+
+        A value on the GPU is read first (the one host wait of the agreement)."""
+        value = value.detach().to("cpu", copy=True)
         if self.distributed:
-            value = value.clone()
-            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+            dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.objects)
         return value
 
     def exit_on_lost_rank(self, error: BaseException, global_step: int, last: Path | None) -> NoReturn:

@@ -229,12 +229,19 @@ def _worker_ignoring_ctrl_c(*args, **kwargs) -> None:
 
 
 def async_vector_env(env_fns, env_id: str, timeout: float) -> WorkerGuard:
-    """One worker process per env (observations in shared memory), next-step autoreset, supervised."""
-    return WorkerGuard(
-        AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP, worker=_worker_ignoring_ctrl_c),
-        env_id,
-        timeout,
+    """One worker process per env (observations in shared memory), next-step autoreset, supervised.
+
+    The workers are forked, except once a process group exists (under torchrun): then NCCL's and
+    gloo's threads run, and a fork copies the locks they hold without the threads that would release
+    them. There the workers come from a fork server, a fresh process started before them.
+    """
+    import torch.distributed as dist
+
+    context = "forkserver" if dist.is_available() and dist.is_initialized() else None
+    envs = AsyncVectorEnv(
+        env_fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP, worker=_worker_ignoring_ctrl_c, context=context
     )
+    return WorkerGuard(envs, env_id, timeout)
 
 
 class WorkerGuard(VectorWrapper):

@@ -3,11 +3,13 @@ checkpoint writes and the closing line. None of it is an algorithm; all of it is
 
 The order a script calls these in is the order of a run:
 
-    args, run_dir, checkpoint = start(Args, validate, __file__)  # command line, --resume, validation (exit 2)
-    run = Run(args, run_dir, __file__, checkpoint, ...)          # TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    ...                                                          # the training loop, which decides when to
-    run.save(state, global_step)                                 #   checkpoint and stops on run.stop.signum
-    run.close(); run.summary(global_step)                        # one closing line
+    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # command line, --resume, validation (exit 2)
+    run = Run(args, run_dir, __file__, device=..., checkpoint=...)   # TensorBoard/W&B, Ctrl-C, progress, checkpoints
+    ...                                                              # the training loop, which decides when to
+    run.save(state, global_step)                                     #   checkpoint and stops on run.stop.signum
+    run.close(); run.summary(global_step)                            # one closing line
+
+(The torchrun scripts call ``cleanrl_utils.distributed.setup_ranks`` instead of ``setup_run``.)
 
 The resume rule (one for every script): ``--resume`` keeps the checkpoint's settings. Flags about the
 machine and the launch (``LAUNCH_FLAGS``) come from the new command line; flags about what the run
@@ -23,6 +25,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 import time
 import typing
 import uuid
@@ -228,8 +231,8 @@ def read_checkpoint(path: Path, script: str) -> dict[str, Any]:
     return checkpoint
 
 
-def start(args_class: type[T], validate, script_file: str) -> tuple[T, Path, dict[str, Any] | None]:
-    """Single-process start: parse the command line, find and read the checkpoint to continue (the
+def setup_run(args_class: type[T], validate, script_file: str) -> tuple[T, Path, dict[str, Any] | None]:
+    """A single-process run's set-up: parse the command line, find and read the checkpoint to continue (the
     resume rule applies), validate. Returns (args, run directory, checkpoint or None). Every refusal is
     one line and exit code 2, before any env or run directory exists."""
     args = parse_args(args_class)
@@ -241,11 +244,19 @@ def start(args_class: type[T], validate, script_file: str) -> tuple[T, Path, dic
     except CheckpointError as e:
         fail(str(e))
     if checkpoint is not None:
-        args = resumed_args(args, checkpoint)
         run_name = checkpoint["run_name"]
         note(f"resuming from {path}")
-    validate(args)
-    return args, Path("runs") / run_name, checkpoint
+    return settled_args(args, checkpoint, validate), Path("runs") / run_name, checkpoint
+
+
+def settled_args(args: T, checkpoint: dict[str, Any] | None, validate, *context: Any) -> T:
+    """The run's settings, validated: the command line, or with a checkpoint to continue, its settings
+    under the resume rule (``--total-timesteps`` longer than saved is checked against the run's
+    ``--num-envs``, not the defaults). Every script validates here, single-process and torchrun alike."""
+    if checkpoint is not None:
+        args = resumed_args(args, checkpoint)
+    validate(args, *context)
+    return args
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,7 +289,7 @@ def start_logging(
             save_code=True,
         )
     # flushed every 5 s: the tuner and dashboards read the event file while the run grows
-    writer = SummaryWriter(str(run_dir), purge_step=resumed_at, flush_secs=5)
+    writer = _writer_class(SummaryWriter)(str(run_dir), purge_step=resumed_at, flush_secs=5)
     writer.add_text(
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hyperparameters.items())
     )
@@ -308,6 +319,57 @@ def hardware() -> dict[str, str]:
         "gpu": ", ".join(gpus) or "none",
         "torch": torch.__version__,
     }
+
+
+def _writer_class(summary_writer: type) -> type:
+    """TensorBoard's writer, whose failed write (a full disk) raises :class:`LogWriteError` in the main
+    thread instead of a traceback from its writer thread; once failed, it writes nothing more."""
+
+    class Writer(summary_writer):
+        failed = False
+        checkpoints = None  # the run's Checkpoints (set by Run): the last good one is named in the error line
+
+        def _guard(self, write, *args, **kwargs):
+            if self.failed:
+                return None
+            try:
+                return write(*args, **kwargs)
+            except OSError as e:
+                self.failed = True
+                raise LogWriteError(
+                    f"writing the TensorBoard log {self.log_dir} failed ({e.strerror or e}); "
+                    f"last good checkpoint: {getattr(self.checkpoints, 'last', None) or 'none'}"
+                ) from None
+
+        def add_scalar(self, *args, **kwargs):
+            return self._guard(super().add_scalar, *args, **kwargs)
+
+        def add_text(self, *args, **kwargs):
+            return self._guard(super().add_text, *args, **kwargs)
+
+        def flush(self):
+            return self._guard(super().flush)
+
+        def close(self):
+            if self.failed:  # its thread is gone; what is left to write cannot be written
+                self.file_writer = None
+                self.all_writers = {}
+            return self._guard(super().close)
+
+    return Writer
+
+
+def _quiet_log_thread(hook=threading.excepthook):
+    """TensorBoard's writer thread dies with its OSError; the main thread says it as one line instead."""
+
+    def excepthook(info):
+        if not (issubclass(info.exc_type, OSError) and type(info.thread).__name__ == "_AsyncWriterThread"):
+            hook(info)
+
+    return excepthook
+
+
+threading.excepthook = _quiet_log_thread()
 
 
 def stop_logging(writer, track: bool) -> None:
@@ -349,6 +411,10 @@ class RunError(RuntimeError):
     on_every_rank = True  # met by every rank alike (rank 0 reports it), or by one rank only (it reports it)
 
 
+class LogWriteError(RunError):
+    """The TensorBoard log could not be written (a full disk)."""
+
+
 # What ends a run with one line and exit code 1 rather than a traceback.
 RUN_ERRORS: tuple[type[BaseException], ...] = (RunError, FloatingPointError)
 
@@ -386,9 +452,14 @@ def interval_crossed(global_step: int, steps_done: int, interval: int) -> bool:
 
 def report_and_exit(error: BaseException) -> NoReturn:
     """One line for a run error, said by rank 0 or by the one rank that met it; exit code 1."""
-    if is_main_process() or not getattr(error, "on_every_rank", True):
+    global _reported
+    if (is_main_process() or not getattr(error, "on_every_rank", True)) and not _reported:
         print(f"error: {error}", file=sys.stderr, flush=True)
+    _reported = True
     raise SystemExit(1)
+
+
+_reported = False  # a run says its first error only: a full disk fails the checkpoint and the log alike
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,39 +470,38 @@ class Run:
     the Ctrl-C/SIGTERM flag, console progress, resource figures, the checkpoint writer, the recent
     episode returns and the clock. The training loop decides everything; this only records.
 
-    On ranks other than 0 (``is_main=False``) nothing is logged and ``writer`` is None.
+    Under torchrun ``ranks`` (``cleanrl_utils.distributed.Ranks``) says whether this process logs (rank 0
+    alone does; elsewhere ``writer`` is None), and :meth:`close` leaves the process group, on every exit path.
     """
 
-    def __init__(
-        self,
-        args: Any,
-        run_dir: Path,
-        script_file: str,
-        checkpoint: dict[str, Any] | None,
-        global_step: int,
-        device,
-        is_main: bool = True,
-        config: dict[str, Any] | None = None,
-    ):
+    def __init__(self, args: Any, run_dir: Path, script_file: str, *, device, checkpoint=None, ranks=None):
         from cleanrl_utils.monitor import Progress, ResourceMonitor
 
-        self.args, self.run_dir, self.is_main = args, run_dir, is_main
+        self.args, self.run_dir, self.ranks = args, run_dir, ranks
+        self.is_main = ranks is None or ranks.is_main
+        global_step = checkpoint["global_step"] if checkpoint is not None else 0
         self.wandb_id = checkpoint and checkpoint.get("wandb_id")
         self.writer = None
-        if is_main:  # the run directory exists only from here on
+        if self.is_main:  # the run directory exists only from here on
+            config = {"world_size": ranks.world_size} if ranks is not None else None
             self.writer, self.wandb_id = start_logging(args, run_dir, self.wandb_id, checkpoint and global_step, config)
         self.checkpoints = Checkpoints(run_dir, script_file, args, last=checkpoint and checkpoint.get("path"))
+        if self.writer is not None:
+            self.writer.checkpoints = self.checkpoints
         self.stop = StopRequested()
-        self.progress = Progress(args.total_timesteps, global_step, run_dir.name, enabled=args.progress and is_main)
+        enabled = args.progress and self.is_main
+        self.progress = Progress(args.total_timesteps, global_step, run_dir.name, enabled=enabled)
         self.monitor = ResourceMonitor(device)
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.start_step, self.start_time = global_step, time.perf_counter()
-        import torch
 
-        self.first_nonfinite = torch.full((), -1, dtype=torch.int64, device=device)  # step; -1: none so far
+    @property
+    def last_checkpoint(self) -> Path | None:
+        """The newest checkpoint this run wrote or resumed from (None before the first)."""
+        return self.checkpoints.last
 
     def sps(self, global_step: int) -> float:
-        """Env steps per second of this launch."""
+        """Env steps per second of this launch (all ranks together)."""
         return (global_step - self.start_step) / (time.perf_counter() - self.start_time)
 
     def log_episode(self, global_step: int, episodic_return: float, episodic_length: int) -> None:
@@ -456,40 +526,6 @@ class Run:
         """
         return final or bool(signum) or interval_crossed(global_step, steps_done, self.args.checkpoint_interval)
 
-    def nonfinite(self, what: str, global_step: int) -> FloatingPointError:
-        """The error that stops a run whose ``what`` (loss, gradient norm) is NaN or infinite."""
-        return FloatingPointError(
-            f"non-finite {what} at step {global_step}; last good checkpoint: {self.checkpoints.last or 'none'}"
-        )
-
-    def step(self, optimizer, value, global_step: int) -> None:
-        """``optimizer.step()``, skipped on the device when ``value`` (the gradient norm, or the loss) is NaN or
-        infinite: no host wait per step, and a non-finite gradient never reaches the weights.
-
-        The optimizer is a fused Adam; the skip is its ``found_inf`` input (the one torch.amp.GradScaler
-        feeds it), so weights, moments and step count stay those of the last finite step. The first
-        skipped step is remembered on the device for :meth:`raise_if_nonfinite`.
-        """
-        import torch
-
-        if not optimizer.defaults.get("fused"):
-            raise TypeError(f"run.step needs an optimizer built with fused=True, got {type(optimizer).__name__}")
-        found = (~torch.isfinite(value)).any().float()
-        self.first_nonfinite = torch.where((found > 0) & (self.first_nonfinite < 0), global_step, self.first_nonfinite)
-        optimizer.found_inf = found
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf
-
-    def raise_if_nonfinite(self, what: str, agree=None) -> None:
-        """The one host read of :meth:`step`'s record, at logging and right before every checkpoint: raise the
-        error that stops the run if a step was skipped. Under torchrun ``agree`` (``ranks.max``) makes every
-        rank decide the same."""
-        first = int(self.first_nonfinite if agree is None else agree(self.first_nonfinite))
-        if first >= 0:
-            raise self.nonfinite(what, first)
-
     def save(self, state: dict[str, Any], global_step: int) -> Path:
         """Write ``state`` (plus the W&B id) as this run's checkpoint at ``global_step``."""
         return self.checkpoints.save({**state, "wandb_id": self.wandb_id}, global_step)
@@ -500,9 +536,16 @@ class Run:
         raise SystemExit(128 + signum)
 
     def close(self) -> None:
+        """Close the logs (and, under torchrun, leave the process group): in the ``finally`` of every script."""
         self.progress.close()
-        if self.is_main:
-            stop_logging(self.writer, self.args.track)
+        try:
+            if self.is_main:
+                stop_logging(self.writer, self.args.track)
+        except LogWriteError as e:  # the last flush met a full disk
+            report_and_exit(e)
+        finally:
+            if self.ranks is not None:
+                self.ranks.close()
 
     def summary(self, global_step: int) -> None:
         """One line at the end of a run: what it did, how fast, how well, and where to look."""

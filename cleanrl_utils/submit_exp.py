@@ -250,7 +250,11 @@ set +e
 wait "$child"; status=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done
 if [ "$requeue" = 1 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "$retries" ]; then
-    echo "time limit near: checkpoint written (exit $status), requeueing"
+    if [ -n "${RUN:-}" ] && ! compgen -G "runs/$RUN/checkpoints/ckpt_*.pt" >/dev/null; then
+        echo "time limit near: stopped before its first checkpoint (exit $status), requeueing to start again"
+    else
+        echo "time limit near: checkpoint written (exit $status), requeueing"
+    fi
     scontrol requeue "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}"
 fi
 exit "$status"

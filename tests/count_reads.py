@@ -2,9 +2,10 @@
 
 python tests/count_reads.py cleanrl/dqn.py [flags]   (with READS_REPORT=<file> in the environment)
 
-A read is ``Tensor.item()``, ``tolist()``, ``bool()``/``float()``/``int()`` of a tensor, called from
-cleanrl/ or cleanrl_utils/. On a GPU each one is a wait for the device; on the CPU they can still be
-counted, so a test can check that no hot loop reads a value per step.
+A read is ``Tensor.item()``, ``tolist()``, ``bool()``/``float()``/``int()`` of a tensor (and, with
+READS_COPIES=1 in the environment, ``Tensor.cpu()``: a copy to the host), called from cleanrl/ or
+cleanrl_utils/. On a GPU each one is a wait for the device; on the CPU they can still be counted, so a
+test can check that no hot loop reads a value per step.
 """
 
 import atexit
@@ -32,7 +33,14 @@ def counted(method):
     return read
 
 
-for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+for name in (
+    "item",
+    "tolist",
+    "__bool__",
+    "__float__",
+    "__int__",
+    *(("cpu",) if os.environ.get("READS_COPIES") else ()),
+):
     setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
 
 

@@ -18,14 +18,16 @@ from tests.known_env import episode_length
 
 
 def record(tmp_path, module: str, *flags: str, fake_envpool: bool = False) -> tuple[list[np.ndarray], np.ndarray]:
-    """Run ``module`` under tests/record_batch.py; return its training batches and per-step reset counts."""
+    """Run ``module`` under tests/record_batch.py; return its training batches and per-step reset counts
+    (and, as ``record.sizes``, the size of each minibatch the update was handed)."""
     out = tmp_path / "batches.npz"
     env = {"BATCH_RECORD": str(out), **({"FAKE_ENVPOOL": "1"} if fake_envpool else {})}
     cmd = [sys.executable, str(REPO / "tests/record_batch.py"), module, "--no-progress", "--run-name", "r", *flags]
     proc = subprocess.run(cmd, cwd=tmp_path, env=script_env(env), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = np.load(out)
-    batches = [data[f"arr_{i}"] for i in range(len(data.files) - 1)]
+    batches = [data[f"arr_{i}"] for i in range(len(data.files) - 2)]
+    record.sizes = list(data["sizes"])
     return batches, data["resets"]
 
 
@@ -79,6 +81,7 @@ def test_envpool_batches_are_the_real_transitions(tmp_path):
     )  # fmt: skip
     expected = expected_batches([seed + i for i in range(num_envs)], game_length, num_steps, iterations)
     assert [rows(b) for b in batches] == expected
+    assert record.sizes == [num_envs * num_steps] * iterations  # one minibatch size: the reset steps weigh 0
 
 
 def test_appo_batches_are_the_real_transitions(tmp_path):
@@ -118,3 +121,5 @@ def test_batch_size_is_the_number_of_real_transitions(tmp_path, case):
     per_iteration = resets.reshape(2, num_steps).sum(axis=1)
     assert per_iteration.sum() > 0  # some episodes did end
     assert [len(b) for b in batches] == [num_envs * num_steps - r for r in per_iteration]
+    if module != "cleanrl.ppo_continuous_action":  # the Atari scripts: one minibatch size, reset steps weigh 0
+        assert record.sizes == [num_envs * num_steps] * 2

@@ -267,15 +267,38 @@ def test_a_full_disk_stops_the_run_with_one_line(small_disk, marker):
     assert proc.returncode == 1, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, stderr
+    assert "Traceback" not in stderr and "Exception in thread" not in stderr, stderr
     left = sorted(checkpoints.iterdir())
+    # the checkpoint or TensorBoard's writer thread meets the full disk first: either names the last good one
     assert re.fullmatch(
-        r"error: writing checkpoint runs/r/checkpoints/ckpt_\d{8}.pt failed \(.+\); "
+        r"error: writing (checkpoint runs/r/checkpoints/ckpt_\d{8}.pt|the TensorBoard log runs/r) failed \(.+\); "
         rf"last good checkpoint: runs/r/checkpoints/{left[-1].name}",
         errors[0],
     ), errors[0]
     assert all(p.name.startswith("ckpt_") for p in left)  # no temporary file
     (small_disk / "ballast").unlink()
     load_checkpoint(left[-1])  # intact
+
+
+def test_a_full_disk_under_the_tensorboard_log_is_one_line_too(small_disk, marker):
+    """No checkpoint is due: TensorBoard's writer thread meets the full disk and the main thread says so."""
+    cmd = [sys.executable, str(SCRIPTS / "ppo.py"), "--no-progress", *SMALL_PPO, "--run-name", "r"]
+    cmd += ["--total-timesteps", "10000000", "--checkpoint-interval", "100000000"]
+    proc = subprocess.Popen(
+        cmd, cwd=small_disk, env=script_env({"CLEANRL_TEST_MARKER": marker}), stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not list((small_disk / "runs/r").glob("events.out.tfevents.*")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    _fill(small_disk / "ballast")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr and "Exception in thread" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: writing the TensorBoard log runs/r failed \(.+\); last good checkpoint: none", errors[0]
+    ), stderr
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,12 +313,12 @@ def test_each_local_rank_gets_its_own_gpu(monkeypatch):
     for local_rank, device_ids, expected in ((0, None, 0), (1, None, 1), (3, None, 3), (1, [2, 3], 3), (0, [2, 3], 2)):
         monkeypatch.setenv("LOCAL_RANK", str(local_rank))
         monkeypatch.delenv("RANK", raising=False)  # no process group in this test
-        device = distributed.Ranks.from_env().start(True, None, device_ids, 10.0)
+        device = distributed.Ranks.from_env().join_process_group(True, None, device_ids, 10.0)
         assert device == torch.device("cuda", expected) and chosen[-1] == device
-    assert distributed.Ranks.from_env().start(False, None, [2, 3], 10.0) == torch.device("cpu")
+    assert distributed.Ranks.from_env().join_process_group(False, None, [2, 3], 10.0) == torch.device("cpu")
     for script in TORCHRUN:  # the APPO learners too: no script picks its device by itself
         source = (SCRIPTS / f"{script}.py").read_text()
-        assert "ranks, args, run_dir, checkpoint = start(Args, validate, __file__)" in source, script
+        assert "ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)" in source, script
         assert 'torch.device("cuda"' not in source, script
 
 

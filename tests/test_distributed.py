@@ -2,6 +2,7 @@
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -51,8 +52,8 @@ def checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     "flags",
-    [[], ["--grad-compression", "bf16"], ["--sync-every", "4"]],
-    ids=["exact", "bf16", "local-sgd"],
+    [[], ["--grad-compression", "bf16"], ["--sync-every", "4"], ["--vector-mode", "async"]],
+    ids=["exact", "bf16", "local-sgd", "async-envs"],
 )
 def test_ranks_keep_identical_parameters_and_distinct_seeds(tmp_path, flags):
     checked(torchrun(SCRIPT, *SMALL, "--total-timesteps", "384", "--run-name", "r", *flags, cwd=tmp_path))
@@ -68,6 +69,30 @@ def test_ranks_keep_identical_parameters_and_distinct_seeds(tmp_path, flags):
     assert {"charts/SPS", "perf/SPS_rank0", "perf/SPS_rank1", "perf/comm_time", "losses/value_loss"} <= scalars.keys()
     assert all(v > 0 for _, v in scalars["perf/comm_time"])
     assert all(np.isfinite(v) for _, v in scalars["losses/value_loss"])
+
+
+def test_async_env_workers_are_not_forked_from_a_rank(tmp_path):
+    """Once a process group exists (NCCL's and gloo's threads run), the env workers come from a fork server
+    (a fork would copy the locks those threads hold); without one they are forked, which starts faster."""
+    import gymnasium as gym
+
+    from cleanrl_utils.envs import async_vector_env
+
+    def kinds() -> list[str]:
+        envs = async_vector_env([lambda: gym.make("CartPole-v1")] * 2, "CartPole-v1", 60.0)
+        try:
+            envs.reset(seed=0)
+            envs.step(np.zeros(2, dtype=np.int64))  # and they work
+            return [type(p).__name__ for p in envs.env.processes]
+        finally:
+            envs.close()
+
+    assert kinds() == ["ForkProcess"] * 2
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert kinds() == ["ForkServerProcess"] * 2
+    finally:
+        dist.destroy_process_group()
 
 
 def test_single_process_matches_ppo_atari(tmp_path):
@@ -235,26 +260,75 @@ def test_killed_rank(tmp_path, marker, restarts):
         assert 0 < final["global_step"] < 1024  # the last checkpoint before the kill loads
 
 
+def _watch_records(watch) -> list[dict]:
+    import json
+
+    return [json.loads((watch / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_restart_whose_rank_0_lacks_the_newest_checkpoint_is_refused(tmp_path, marker):
+    """Only rank 0 writes checkpoints, on its own node. A torchrun restart that puts rank 0 on a node without
+    them (faked here: the files are moved away while the ranks are stopped, then both are killed) says so in
+    one line instead of training the run again from step 0."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+    cmd += [SCRIPT, *SMALL, "--total-timesteps", "2048", "--checkpoint-interval", "256", "--run-name", "r"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=script_env({"CLEANRL_TEST_MARKER": marker}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    checkpoints = tmp_path / "runs/r/checkpoints"
+    deadline = time.monotonic() + 180
+    while not (checkpoints / "ckpt_00000256.pt").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint"
+        time.sleep(0.1)
+    ranks = [
+        p
+        for p in processes_with_marker(marker)
+        if "RANK" in p.environ() and "ppo_atari_multigpu" in " ".join(p.cmdline())
+    ]
+    assert len(ranks) == 2
+    for p in ranks:
+        p.suspend()
+    newest = sorted(checkpoints.glob("ckpt_*.pt"))[-1].name
+    checkpoints.rename(tmp_path / "elsewhere")
+    for p in ranks:
+        p.kill()
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0, out[-3000:]
+    step = int(newest[5:13])
+    assert re.search(
+        rf"error: torchrun restarted runs/r with rank 0 on \S+, which has no checkpoint of it; the newest "
+        rf"\(step {step}\) is on \S+: give the nodes one shared runs/ directory, or keep rank 0's node",
+        out,
+    ), out[-3000:]
+    assert not list(checkpoints.glob("ckpt_*.pt"))  # nothing trained again from step 0
+
+
 def test_nan_on_one_rank_stops_every_rank(tmp_path):
     # rank 1's envs pay NaN from their 70th step (iteration 3 of 32 steps); checkpoints every 2 iterations.
+    watch = tmp_path / "watch"
+    watch.mkdir()
     proc = torchrun(
-        str(REPO / "tests/inject_nan.py"), SCRIPT, *SMALL, "--total-timesteps", "768", "--checkpoint-interval", "256", "--run-name", "r",
-        cwd=tmp_path, env={"NAN_RANK": "1", "NAN_AFTER_STEPS": "70"},
+        str(REPO / "tests/watch_collectives.py"), str(REPO / "tests/inject_nan.py"), SCRIPT, *SMALL,
+        "--total-timesteps", "768", "--checkpoint-interval", "256", "--run-name", "r",
+        cwd=tmp_path, env={"NAN_RANK": "1", "NAN_AFTER_STEPS": "70", "WATCH_DIR": str(watch)},
     )  # fmt: skip
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     message = "error: non-finite gradient norm at step 384; last good checkpoint: runs/r/checkpoints/ckpt_00000256.pt"
     assert output.count(message) == 1, output[-4000:]
     assert sorted(p.name for p in (tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt")) == ["ckpt_00000256.pt"]
+    assert [r["destroyed"] for r in _watch_records(watch)] == [1, 1]  # both ranks left the process group
 
 
 def test_ctrl_c_checkpoints_every_rank_at_one_iteration(tmp_path, marker):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", SCRIPT]
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [str(REPO / "tests/watch_collectives.py"), SCRIPT]
     cmd += [*SMALL, "--total-timesteps", "100000", "--checkpoint-interval", "0", "--run-name", "r"]
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
-        env=script_env({"CLEANRL_TEST_MARKER": marker}),
+        env=script_env({"CLEANRL_TEST_MARKER": marker, "WATCH_DIR": str(watch)}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -273,6 +347,7 @@ def test_ctrl_c_checkpoints_every_rank_at_one_iteration(tmp_path, marker):
     ckpt = final_checkpoint(tmp_path / "runs/r")
     assert 0 < ckpt["global_step"] < 100000 and len(ckpt["ranks"]) == 2
     assert len({r["parameters_sha256"] for r in ckpt["ranks"]}) == 1
+    assert [r["destroyed"] for r in _watch_records(watch)] == [1, 1]  # both ranks left the process group
 
 
 def test_bad_input_is_reported_once_before_the_process_group(tmp_path):
@@ -294,8 +369,11 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
 
 def test_object_collectives_use_the_side_group_and_no_rank_leaves_a_checkpoint_early(tmp_path):
     """The run plan, checkpoint and resume objects travel over the gloo side group, never the default group
-    (under NCCL they would be staged through GPU memory and sent after the call returned); and no rank
-    returns from a collective checkpoint before rank 0 has written it (rank 0's writes take 2 s longer here)."""
+    (under NCCL they would be staged through GPU memory and sent after the call returned), and so do the
+    host-level agreements (the barrier after the rollouts, the max of the NaN record and of the stop signal:
+    under NCCL a lost peer would abort the process in a CUDA sync, with no line); no rank returns from a
+    collective checkpoint before rank 0 has written it (rank 0's writes take 2 s longer here); every rank
+    leaves the process group at the end."""
     import json
 
     launcher = str(REPO / "tests/watch_collectives.py")
@@ -315,8 +393,9 @@ def test_object_collectives_use_the_side_group_and_no_rank_leaves_a_checkpoint_e
     for run_records in records:
         for rank, record in enumerate(run_records):
             called = {c["name"] for c in record["collectives"]}
-            assert {"broadcast_object_list", "gather_object"} <= called, (rank, called)
+            assert {"broadcast_object_list", "gather_object", "barrier", "all_reduce_max"} <= called, (rank, called)
             assert [c for c in record["collectives"] if c["default_group"]] == [], rank
+            assert record["destroyed"] == 1, rank
         written = run_records[0]["written"]
         assert len(written) == len(run_records[1]["returned"]) > 0
         for returned, done in zip(run_records[1]["returned"], written):

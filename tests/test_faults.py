@@ -3,6 +3,7 @@
 import pickle
 import time
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,15 +154,12 @@ def test_dqn_reads_the_nan_record_lazily_yet_never_checkpoints_a_non_finite_mode
         assert all(torch.isfinite(v).all() for v in load_checkpoint(path)["model"].values())
 
 
-def test_a_non_finite_gradient_never_reaches_the_weights(tmp_path, monkeypatch):
-    """Run.step skips the fused Adam step on the device when the gradient norm is NaN/inf; the host reads
-    the record later (raise_if_nonfinite), and it names the first skipped step."""
-    from cleanrl.dqn import Args
-    from cleanrl_utils.run import Run, parse_args
+def test_a_non_finite_gradient_never_reaches_the_weights():
+    """NaNGuard.step skips the fused Adam step on the device when the gradient norm is NaN/inf; the host reads
+    the record later (NaNGuard.check), and it names the first skipped step and the last good checkpoint."""
+    from cleanrl_utils.nan_guard import NaNGuard
 
-    monkeypatch.chdir(tmp_path)
-    args = parse_args(Args, argv=["--no-progress", "--run-name", "r"])
-    run = Run(args, tmp_path / "runs/r", "dqn.py", None, 0, torch.device("cpu"))
+    nan_guard = NaNGuard(torch.device("cpu"))
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
 
@@ -169,28 +167,25 @@ def test_a_non_finite_gradient_never_reaches_the_weights(tmp_path, monkeypatch):
         optimizer.zero_grad()
         loss = model(torch.ones(4, 3)).sum() * (float("nan") if poison else 1.0)
         loss.backward()
-        run.step(optimizer, torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5), global_step)
+        nan_guard.step(optimizer, torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5), global_step)
 
-    try:
-        train_step(1, False)
-        run.raise_if_nonfinite("gradient norm")  # nothing skipped yet
-        before = {k: v.clone() for k, v in model.state_dict().items()}
-        moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
-        train_step(2, True)
-        train_step(3, True)
-        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-        assert all(torch.equal(m, optimizer.state[p]["exp_avg"]) for m, p in zip(moments, model.parameters()))
-        assert all(int(optimizer.state[p]["step"]) == 1 for p in model.parameters())
-        with pytest.raises(
-            FloatingPointError, match="^non-finite gradient norm at step 2; last good checkpoint: none$"
-        ):
-            run.raise_if_nonfinite("gradient norm")
-        train_step(4, False)  # a finite step still trains (the run stops at its next check anyway)
-        assert not torch.equal(before["weight"], model.weight)
-        with pytest.raises(TypeError, match="^run.step needs an optimizer built with fused=True, got SGD$"):
-            run.step(torch.optim.SGD(model.parameters(), lr=0.1), torch.tensor(1.0), 5)
-    finally:
-        run.close()
+    train_step(1, False)
+    nan_guard.check(None)  # nothing skipped yet
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
+    train_step(2, True)
+    train_step(3, True)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(m, optimizer.state[p]["exp_avg"]) for m, p in zip(moments, model.parameters()))
+    assert all(int(optimizer.state[p]["step"]) == 1 for p in model.parameters())
+    with pytest.raises(
+        FloatingPointError, match="^non-finite gradient norm at step 2; last good checkpoint: runs/r/ckpt_1.pt$"
+    ):
+        nan_guard.check(Path("runs/r/ckpt_1.pt"))
+    train_step(4, False)  # a finite step still trains (the run stops at its next check anyway)
+    assert not torch.equal(before["weight"], model.weight)
+    with pytest.raises(TypeError, match="^NaNGuard.step needs an optimizer built with fused=True, got SGD$"):
+        nan_guard.step(torch.optim.SGD(model.parameters(), lr=0.1), torch.tensor(1.0), 5)
 
 
 READ_BUDGETS = {
@@ -234,3 +229,30 @@ def test_hot_loops_read_no_value_per_gradient_step(tmp_path, script):
     assert reads, "no reads at all: the counter is not wired"
     per_step = {line: n for line, n in reads.items() if n > 2 * logging_points}
     assert per_step == {}, f"read on (nearly) every step of {gradient_steps} gradient steps: {per_step}"
+
+
+@pytest.mark.parametrize("script", ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"])
+def test_the_atari_rollout_waits_for_the_device_once_per_env_step(tmp_path, script):
+    """The envs need the actions on the host; the log-probabilities and values stay on the device until
+    the update: one copy to the host per env step (on a GPU, one wait), and no other line copies per step."""
+    import json
+
+    num_envs, num_steps, iterations = 2, 32, 2
+    report = tmp_path / "reads.json"
+    flags = [
+        "--num-envs",
+        str(num_envs),
+        "--num-steps",
+        str(num_steps),
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+    ]
+    run_script(script, *flags, "--total-timesteps", str(num_envs * num_steps * iterations), "--no-cuda", cwd=tmp_path,
+               env={"READS_REPORT": str(report), "READS_COPIES": "1"}, launcher=REPO / "tests/count_reads.py")  # fmt: skip
+    reads = json.loads(report.read_text())
+    env_steps = num_steps * iterations
+    # (a checkpoint's digest copies each of its tensors once: checkpoint.py, once per checkpoint)
+    per_step = {line: n for line, n in reads.items() if n >= env_steps and not line.startswith("checkpoint.py:")}
+    assert list(per_step.values()) == [env_steps], f"{env_steps} env steps: {per_step}"

@@ -68,3 +68,77 @@ def test_value_loss_clipping():
     _, plain = ppo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), new, old, ret, 0.2, clip_vloss=False)
     assert clipped.item() == pytest.approx(0.5 * (1.2 - 3.0) ** 2)  # the clipped value is further off
     assert plain.item() == pytest.approx(0.5 * 1.0)
+
+
+def _reference_atari_loss(agent, mb, norm_adv, clip_coef, clip_vloss, ent_coef, vf_coef):
+    """The Atari PPO scripts' loss before fixed-size minibatches: the reset steps are dropped from the
+    minibatch (a boolean index), plain means, advantages normalised over what is left."""
+    keep = mb["weights"] > 0
+    sel = {k: v[keep] for k, v in mb.items()}
+    newlogprob, entropy, newvalue = agent.evaluate(sel["obs"], sel["actions"])
+    logratio = newlogprob - sel["logprobs"]
+    ratio = logratio.exp()
+    adv = sel["advantages"]
+    if norm_adv and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss, v_loss = ppo_loss(newlogprob, sel["logprobs"], adv, newvalue, sel["values"], sel["returns"], clip_coef,
+                               clip_vloss)  # fmt: skip
+    entropy_loss = entropy.mean()
+    stats = [pg_loss, v_loss, entropy_loss, (-logratio).mean(), ((ratio - 1) - logratio).mean()]
+    stats.append(((ratio - 1.0).abs() > clip_coef).float().mean())
+    return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, torch.stack(stats).detach()
+
+
+def _minibatch(rows: int, valid_rows: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    mb = {
+        "obs": torch.randint(0, 256, (rows, 4, 84, 84), dtype=torch.uint8, generator=g),
+        "actions": torch.randint(0, 4, (rows,), generator=g),
+        "logprobs": -torch.rand(rows, generator=g) * 2 - 0.5,
+        "advantages": torch.randn(rows, generator=g),
+        "returns": torch.randn(rows, generator=g),
+        "values": torch.randn(rows, generator=g),
+        "weights": torch.zeros(rows),
+    }
+    mb["weights"][valid_rows] = 1.0
+    reset = mb["weights"] == 0  # what a reset step holds must not count: make it loud
+    mb["advantages"][reset], mb["returns"][reset], mb["logprobs"][reset] = 1e3, -1e3, -9.0
+    return mb
+
+
+@pytest.mark.parametrize("norm_adv, clip_vloss", [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize("valid_rows", [[0, 1, 2, 4, 5, 7, 8, 9, 10], [3]], ids=["9 of 12", "1 of 12"])
+def test_masked_fixed_size_loss_equals_the_loss_on_the_transitions_alone(norm_adv, clip_vloss, valid_rows):
+    """The Atari PPO scripts train on fixed-size minibatches whose reset steps weigh 0 (no data-dependent
+    shapes on a GPU); loss, gradients and logged statistics equal those of the transitions alone."""
+    from cleanrl.ppo_atari import Agent, minibatch_loss
+
+    torch.manual_seed(0)
+    agent = Agent(4)
+    coefs = (norm_adv, 0.1, clip_vloss, 0.01, 0.5)
+    mb = _minibatch(12, valid_rows)
+    with torch.no_grad():  # old policy a little away from the current one, so that some ratios are clipped
+        mb["logprobs"] += agent.evaluate(mb["obs"], mb["actions"])[0] + 0.2 * torch.randn(12)
+    results = []
+    for loss_fn in (minibatch_loss, _reference_atari_loss):
+        agent.zero_grad()
+        loss, stats = loss_fn(agent, mb, *coefs)
+        loss.backward()
+        results.append((loss.detach(), stats, [p.grad.clone() for p in agent.parameters()]))
+    (loss, stats, grads), (ref_loss, ref_stats, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats, ref_stats, rtol=1e-5, atol=1e-6)
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, rtol=1e-4, atol=1e-6)
+    assert stats[5] > 0  # some ratios are clipped: the clipped branches are compared too
+
+
+def test_a_minibatch_of_reset_steps_only_is_a_zero_loss():
+    from cleanrl.ppo_atari import Agent, minibatch_loss
+
+    agent = Agent(4)
+    mb = _minibatch(4, [])
+    loss, stats = minibatch_loss(agent, mb, True, 0.1, True, 0.01, 0.5)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(stats, torch.zeros(6))
+    assert all(torch.count_nonzero(p.grad) == 0 for p in agent.parameters())

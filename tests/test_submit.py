@@ -259,6 +259,24 @@ def queue_empty(job: str) -> bool:
     return not out.strip()
 
 
+def start_requeued(job: str, log: Path, attempts: int, timeout: float = 150) -> None:
+    """Wait until attempt number ``attempts`` has resumed, lifting SLURM's requeue hold (a requeued job is
+    not eligible for about two minutes) each time the job is seen back in the queue: a single update sent
+    before the requeue is through would do nothing."""
+
+    def resumed() -> bool:
+        states = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
+        if "PENDING" in states.split():
+            subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
+        return log.exists() and log.read_text().count("resuming from") >= attempts - 1
+
+    try:
+        wait_for(resumed, timeout, f"attempt {attempts} to resume")
+    except AssertionError as e:  # say what SLURM and the run were doing
+        job_info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        raise AssertionError(f"{e}\n{job_info}\n{log.read_text()[-3000:] if log.exists() else 'no log'}") from None
+
+
 def submit(cwd: Path, *argv: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "cleanrl_utils.submit_exp", "--submit", *argv], cwd=cwd,
                           env=script_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -296,8 +314,7 @@ def test_slurm_requeued_task_resumes_from_its_checkpoint(slurm, tmp_path):
     run_dir = tmp_path / "runs/rq/CartPole-v1__ppo__1"
     wait_for(lambda: list((run_dir / "checkpoints").glob("ckpt_*.pt")), 120, "the first checkpoint")
     subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True)
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])  # skip SLURM's requeue hold
+    start_requeued(job, tmp_path / f"runs/rq/slurm/rq_{job}_0.out", attempts=2)
     wait_for(lambda: queue_empty(job), 240, "the requeued task to finish")
     log = (tmp_path / f"runs/rq/slurm/rq_{job}_0.out").read_text()
     stopped = re.search(r"stopped by signal 15 at step (\d+)", log)
@@ -309,16 +326,17 @@ def test_slurm_requeued_task_resumes_from_its_checkpoint(slurm, tmp_path):
 
 
 def test_slurm_time_limit_checkpoints_and_requeues_within_retries(slurm, tmp_path):
-    """45 s before the 1-minute limit the run checkpoints and the task requeues itself; the requeued
-    attempt resumes from that checkpoint; with --retries 1 the second warning does not requeue again."""
+    """45 s before the limit the run checkpoints and the task requeues itself; the requeued attempt
+    resumes from that checkpoint; with --retries 1 the second warning does not requeue again. The limit
+    is 90 s: SLURM checks its time limits every 30 s or so and may warn at once when the warning is due,
+    so a shorter limit could stop the run while it is still importing torch, before it could checkpoint."""
     job = submit(tmp_path, "--command", f"python {PPO} --total-timesteps 10000000 --checkpoint-interval 100000",
-                 "--env-ids", "CartPole-v1", "--cpus", "1", "--mem-gb", "1", "--job-name", "tl", "--time", "0:01:00",
+                 "--env-ids", "CartPole-v1", "--cpus", "1", "--mem-gb", "1", "--job-name", "tl", "--time", "0:01:30",
                  "--signal-before", "45", "--retries", "1")  # fmt: skip
     log = tmp_path / f"runs/tl/slurm/tl_{job}_0.out"
-    wait_for(lambda: log.exists() and "requeueing" in log.read_text(), 90, "the time-limit warning")
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])  # skip SLURM's requeue hold
-    wait_for(lambda: log.read_text().count("stopped by signal 15") == 2 and queue_empty(job), 120, "the second attempt")
+    wait_for(lambda: log.exists() and "requeueing" in log.read_text(), 150, "the time-limit warning")
+    start_requeued(job, log, attempts=2)
+    wait_for(lambda: log.read_text().count("stopped by signal 15") == 2 and queue_empty(job), 150, "the second attempt")
     text = log.read_text()
     first = re.search(r"stopped by signal 15 at step (\d+); checkpoint (\S+)", text)
     assert f"resuming from {first.group(2)}" in text
@@ -493,7 +511,10 @@ def test_entrypoint_runs_its_grid_task(tmp_path):
 
 def test_dockerfile_inputs_exist_and_its_entrypoint_is_the_tested_one():
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^FROM pytorch/pytorch:\S+-cuda\S+-runtime", text, re.M)
+    base = re.search(r"^FROM pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda\S+-runtime", text, re.M)
+    assert base, "the image is not built on a PyTorch CUDA runtime image"
+    floor = re.search(r'"torch>=(\d+)\.(\d+)"', (REPO / "pyproject.toml").read_text())
+    assert tuple(map(int, base.groups())) >= tuple(map(int, floor.groups())), "the image's torch is below the floor"
     assert "org.opencontainers.image.revision" in text and "ARG GIT_REVISION" in text
     for line in re.findall(r"^COPY (.+)$", text, re.M):
         *sources, _ = line.split()

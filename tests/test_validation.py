@@ -48,6 +48,8 @@ OTHER_RULES = [
     ("ppo_atari.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari (ALE) environment"),
     ("ppo_atari.py", ["--num-minibatches", "5"], "--num-minibatches 5: must divide the batch size"),
     ("ppo_atari.py", ["--threads", "0"], "--threads 0: must be a positive integer"),
+    ("ppo_atari.py", ["--cudagraphs", "--compile"], "--cudagraphs: needs --compile and CUDA"),
+    ("ppo_atari_envpool.py", ["--cudagraphs"], "--cudagraphs: needs --compile and CUDA"),
     ("ppo_atari_envpool.py", ["--env-id", "NoSuchGame-v5"], "--env-id NoSuchGame-v5: not an EnvPool task"),
     ("ppo_atari_envpool.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari task of EnvPool"),
     ("ppo_atari_envpool.py", ["--total-timesteps", "512"], "--total-timesteps 512: must be at least one iteration"),

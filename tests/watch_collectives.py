@@ -1,10 +1,13 @@
-"""Launcher: run a torchrun script while recording its object collectives and its collective checkpoints.
+"""Launcher: run a torchrun script while recording its object collectives, its host-level agreements,
+its collective checkpoints and whether it left the process group.
 
 torchrun ... tests/watch_collectives.py cleanrl/ppo_atari_multigpu.py [flags]
-(with WATCH_DIR in the environment; rank 0's checkpoint writes take WATCH_SLOW_WRITE extra seconds)
+(with WATCH_DIR in the environment; rank 0's checkpoint writes take WATCH_SLOW_WRITE extra seconds;
+the script may be another launcher, such as tests/inject_nan.py, followed by the script)
 
-Each rank writes WATCH_DIR/rank<r>.json: every object collective it called (name, and whether it ran
-on the default group), and, per collective checkpoint, when the call returned; rank 0 also records
+Each rank writes WATCH_DIR/rank<r>.json: every object collective, barrier and MAX all_reduce (the
+agreements) it called (name, and whether it ran on the default group), how often it called
+destroy_process_group, and, per collective checkpoint, when the call returned; rank 0 also records
 when each of its writes finished.
 """
 
@@ -21,7 +24,7 @@ import torch.distributed as dist
 import cleanrl_utils.distributed as distributed
 import cleanrl_utils.run as run
 
-record = {"collectives": [], "returned": [], "written": []}
+record = {"collectives": [], "returned": [], "written": [], "destroyed": 0}
 rank = int(os.environ.get("RANK", 0))
 
 
@@ -34,8 +37,27 @@ def watched(name, function):
     return call
 
 
-for name in ("gather_object", "broadcast_object_list", "scatter_object_list", "all_gather_object"):
+for name in ("gather_object", "broadcast_object_list", "scatter_object_list", "all_gather_object", "barrier"):
     setattr(dist, name, watched(name, getattr(dist, name)))
+_all_reduce = dist.all_reduce
+
+
+def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, **kwargs):
+    if op == dist.ReduceOp.MAX:  # an agreement (gradients and parameters are summed)
+        return watched("all_reduce_max", _all_reduce)(tensor, op=op, group=group, **kwargs)
+    return _all_reduce(tensor, op=op, group=group, **kwargs)
+
+
+dist.all_reduce = all_reduce
+_destroy = dist.destroy_process_group
+
+
+def destroy_process_group(*args, **kwargs):
+    record["destroyed"] += 1
+    return _destroy(*args, **kwargs)
+
+
+dist.destroy_process_group = destroy_process_group
 
 _save = run.save_checkpoint
 

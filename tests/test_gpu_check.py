@@ -1,0 +1,83 @@
+"""benchmark/gpu_check.py, the one prepared check for a GPU machine, proved on the CPU as far as it can be:
+every command it builds runs its script on CUDA (CUDA faked here), a run that times out leaves no
+process behind, and its SPS leaves start-up and compilation out."""
+
+import importlib
+import importlib.util
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from cleanrl_utils import distributed, run
+from cleanrl_utils.tb import ScalarReader, Series
+from tests.conftest import REPO, SCRIPTS, processes_with_marker, script_env
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmark/gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _commands(gpu_check):
+    """(script, command, torchrun) of every run the check makes in GPU mode: part 1, then part 2."""
+    for check in gpu_check.checks(quick=False):
+        yield check.script, gpu_check.command(check.script, check.flags, check.torchrun, False, []), check.torchrun
+    for _, script, flags, torchrun in gpu_check.throughput_runs(quick=False):
+        yield script, gpu_check.command(script, flags, torchrun, False, []), torchrun
+
+
+def test_every_command_of_the_check_trains_on_cuda(gpu_check, monkeypatch):
+    """On a GPU machine (faked: one visible GPU) each script's own parser and validation, given the command
+    the check builds, choose CUDA, and NCCL for the torchrun ones; nothing is refused (exit 2)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    seen = set()
+    for script, cmd, torchrun in _commands(gpu_check):
+        path = str(SCRIPTS / script)
+        assert cmd.count(path) == 1, cmd
+        argv = cmd[cmd.index(path) + 1 :]
+        assert (cmd[1:3] == ["-m", "torch.distributed.run"]) == torchrun, cmd
+        module = importlib.import_module(f"cleanrl.{script.removesuffix('.py')}")
+        args = run.parse_args(module.Args, 1, argv)
+        if torchrun:
+            ranks = distributed.Ranks(world_size=1, local_world_size=1, distributed=True)
+            module.validate(args, ranks)
+            assert args.backend == "nccl", script
+            device = distributed.select_device(args.cuda and torch.cuda.is_available(), 0, args.device_ids)
+            assert device == torch.device("cuda", 0), script
+        else:
+            module.validate(args)
+        assert args.cuda, f"{script}: the check would run it on the CPU ({' '.join(argv)})"
+        seen.add(script)
+    assert len(seen) == 12
+
+
+def test_a_run_that_times_out_leaves_no_process_behind(gpu_check, tmp_path, marker):
+    """torchrun's workers, actors and env workers are children of the run: its whole process group goes."""
+    code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    env = script_env({"CLEANRL_TEST_MARKER": marker})
+    start = time.monotonic()
+    exit_code, wall, _, tail = gpu_check.run([sys.executable, "-c", code], tmp_path, env, timeout=3)
+    assert exit_code == 124 and "timed out after 3s" in tail and time.monotonic() - start < 30
+    deadline = time.monotonic() + 10
+    while processes_with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in processes_with_marker(marker) if p.status() != psutil.STATUS_ZOMBIE]
+    assert left == [], [p.cmdline() for p in left]
+
+
+def test_sps_leaves_the_first_iteration_out(gpu_check):
+    """A run whose first iteration took 30 s (CUDA start-up, compilation) and the next three 1 s each."""
+    reader = ScalarReader(".")
+    reader.series["charts/SPS"] = Series(steps=[1024, 2048, 3072, 4096], values=[34, 66, 95, 124],
+                                         wall_times=[1030.0, 1031.0, 1032.0, 1033.0])  # fmt: skip
+    assert gpu_check.sps_after_first(reader) == pytest.approx(1024.0)
+    reader.series["charts/SPS"] = Series(steps=[1024], values=[34], wall_times=[1030.0])
+    assert gpu_check.sps_after_first(reader) != gpu_check.sps_after_first(reader)  # NaN: one point says nothing
