@@ -13,8 +13,9 @@ Every directory holding event files under the given paths is one run, grouped by
 - ``final_returns.{md,csv}``: per script and env, the final return (mean of each run's last ``--last``
   episodes) as mean +- std and IQM over seeds;
 - ``throughput.{md,csv}``: per script, env and world size, SPS (the run's own ``charts/SPS``, which
-  leaves out start-up), wall time, speed-up against the ``--baseline`` row and scaling efficiency
-  (speed-up / world-size ratio), and the hardware the run recorded;
+  leaves out start-up), wall time, speed-up and scaling efficiency (speed-up / world-size ratio)
+  against the same script's smallest world size, or with ``--baseline`` against that script's
+  (blank where nothing comparable ran), and the hardware the run recorded;
 - ``aggregate.{md,csv}``: with rliable, IQM, mean, median and optimality gap of the normalised final
   scores over envs (``cleanrl_utils/scores.py``'s reference scores), with 95% stratified bootstrap
   intervals, and the probability of improvement of each script over each other.
@@ -194,12 +195,27 @@ def throughput_table(runs: list[RunData], baseline: str | None) -> list[dict]:
                 "hardware": f"{hw.get('cpu', '?')} x{hw.get('cpu_count', '?')}; GPU {hw.get('gpu', '?')}",
             }
         )
+    # Speed-up and scaling efficiency compare like with like: one script's runs of one env at its
+    # smallest world size and above, or with --baseline every script's runs of an env against the
+    # baseline script's smallest world size there. Anything else (ppo beside dqn) is left blank.
+    for row in rows:
+        row["speedup"] = row["efficiency"] = None
     for env in {row["env_id"] for row in rows}:
         same_env = [row for row in rows if row["env_id"] == env]
-        base = next((row for row in same_env if row["script"] == baseline), same_env[0])
-        for row in same_env:
-            row["speedup"] = row["sps"] / base["sps"]
-            row["efficiency"] = row["speedup"] / (row["world_size"] / base["world_size"])
+        if baseline is not None:
+            comparisons = [(same_env, [row for row in same_env if row["script"] == baseline])]
+        else:
+            by_script = defaultdict(list)
+            for row in same_env:
+                by_script[row["script"]].append(row)
+            comparisons = [(group, group) for group in by_script.values() if len(group) > 1]
+        for group, candidates in comparisons:
+            if not candidates:
+                continue
+            base = min(candidates, key=lambda row: row["world_size"])
+            for row in group:
+                row["speedup"] = row["sps"] / base["sps"]
+                row["efficiency"] = row["speedup"] / (row["world_size"] / base["world_size"])
     return rows
 
 
@@ -256,6 +272,14 @@ def aggregate_tables(runs: list[RunData], last: int, reps: int = 2000):
     return rows, improvement
 
 
+def cell(fmt: str, row: dict) -> str:
+    """One markdown cell; a value left out (None) is a dash."""
+    try:
+        return fmt.format(**row)
+    except TypeError:  # None under a numeric format
+        return "-"
+
+
 def write_table(rows: list[dict], path: Path, columns: list[tuple[str, str]]) -> str:
     """``rows`` as CSV (all fields, full precision) and as a markdown table of ``columns`` (title, format)."""
     if not rows:
@@ -266,7 +290,7 @@ def write_table(rows: list[dict], path: Path, columns: list[tuple[str, str]]) ->
         writer.writerows(rows)
     lines = ["| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(fmt.format(**row) for _, fmt in columns) + " |")
+        lines.append("| " + " | ".join(cell(fmt, row) for _, fmt in columns) + " |")
     text = "\n".join(lines) + "\n"
     path.with_suffix(".md").write_text(text)
     return text
@@ -285,7 +309,8 @@ class Args:
     smooth: int = 10
     """curves: trailing mean over this many episodes before averaging over seeds"""
     baseline: str | None = None
-    """the script (exp name) whose throughput is speed-up 1 (default: the first row of each env)"""
+    """the script (exp name) whose smallest world size is speed-up 1 for every script of its env (default:
+    each script against its own smallest world size; no speed-up between different scripts)"""
 
 
 def main(argv: list[str] | None = None) -> int:

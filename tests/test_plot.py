@@ -4,6 +4,7 @@ and the numbers of every table."""
 import csv
 import subprocess
 import sys
+from pathlib import Path
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -110,3 +111,25 @@ def test_bad_input(tmp_path, capsys):
     assert plot.main([str(tmp_path / "missing")]) == 2
     assert plot.main([str(tmp_path)]) == 2
     assert "no run under" in capsys.readouterr().err
+
+
+def speed_run(exp: str, env: str, world: int, sps: float) -> plot.RunData:
+    empty = np.zeros(0)
+    return plot.RunData(Path(exp), exp, env, 1, world, empty, empty, empty, sps, 10.0, 1000)
+
+
+def test_speedup_only_between_runs_that_compare():
+    """Without --baseline: one script against its own smallest world size, never ppo against dqn;
+    with it: every script of the env against the baseline's smallest world size."""
+    runs = [speed_run("ppo", "Pong", 1, 1000), speed_run("ppo", "Pong", 4, 3000), speed_run("dqn", "Pong", 1, 5760)]
+    rows = {(r["script"], r["world_size"]): r for r in plot.throughput_table(runs, None)}
+    assert rows[("ppo", 1)]["speedup"] == 1.0 and rows[("ppo", 4)]["speedup"] == 3.0
+    assert rows[("ppo", 4)]["efficiency"] == 0.75
+    assert rows[("dqn", 1)]["speedup"] is None and rows[("dqn", 1)]["efficiency"] is None
+    assert plot.cell("{speedup:.2f}x", rows[("dqn", 1)]) == "-"
+    rows = {(r["script"], r["world_size"]): r for r in plot.throughput_table(runs, "dqn")}
+    assert rows[("ppo", 4)]["speedup"] == pytest.approx(3000 / 5760)
+    assert rows[("ppo", 4)]["efficiency"] == pytest.approx(3000 / 5760 / 4)
+    assert rows[("dqn", 1)]["speedup"] == 1.0
+    rows = plot.throughput_table(runs, "sac")  # a baseline that did not run there: nothing to compare
+    assert all(row["speedup"] is None for row in rows)
