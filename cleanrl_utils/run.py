@@ -268,7 +268,8 @@ def start_logging(
     """TensorBoard writer in ``run_dir`` (and a W&B run with ``--track``); returns (writer, wandb_id).
 
     The W&B id is kept in checkpoints, so a resumed run continues the same W&B run; a resumed writer
-    drops the events the previous attempt logged after its checkpoint (``purge_step``).
+    drops the events the previous attempt logged after its checkpoint (``purge_step``: ``resumed_at`` is
+    the first step the resumed run may log, one past the checkpoint's, whose own points are kept).
     """
     from torch.utils.tensorboard import SummaryWriter
 
@@ -484,7 +485,8 @@ class Run:
         self.writer = None
         if self.is_main:  # the run directory exists only from here on
             config = {"world_size": ranks.world_size} if ranks is not None else None
-            self.writer, self.wandb_id = start_logging(args, run_dir, self.wandb_id, checkpoint and global_step, config)
+            resumed_at = checkpoint and global_step + 1  # the checkpoint's own step was logged before it was saved
+            self.writer, self.wandb_id = start_logging(args, run_dir, self.wandb_id, resumed_at, config)
         self.checkpoints = Checkpoints(run_dir, script_file, args, last=checkpoint and checkpoint.get("path"))
         if self.writer is not None:
             self.writer.checkpoints = self.checkpoints

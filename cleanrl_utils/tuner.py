@@ -22,9 +22,11 @@ slot, ``--trials-per-gpu`` share one). ``--num-trials`` is the study-wide number
 (complete or pruned) trials, whatever the number of workers or machines. The study lives in an
 Optuna storage: SQLite by default (``runs/<study>/optuna.db``), an Optuna journal file (a path
 ending in ``.log``), or PostgreSQL to share it between machines; running the same command again
-resumes it. A worker that dies leaves its trial failed (on this machine at once; on another after
-the heartbeat's grace period) and the study goes on. A run that crashes or goes NaN fails its trial
-with the path of its log. The end prints the best trials, writes ``runs/<study>/best_params.json``
+resumes it. A trial whose worker is lost (SIGKILL, a preemption or requeue, a node gone; noticed on
+its machine at once, elsewhere after three silent ``--heartbeat`` intervals) is resumed, not
+replaced: its parameters run again and its runs continue with ``--resume`` from their own last
+checkpoints, up to ``--max-resumes`` times (``cleanrl_utils/trials.py``). A run that crashes or goes
+NaN fails its trial, with the path of its log; that trial is not retried. The end prints the best trials, writes ``runs/<study>/best_params.json``
 and the command lines that reproduce the best trial.
 
 Python API (CleanRL's ``Tuner`` arguments are accepted, so its tuning examples keep working)::
@@ -46,12 +48,11 @@ import multiprocessing
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import sys
-import threading
 import time
-import tomllib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,7 +61,6 @@ from typing import Any, Literal
 
 import numpy as np
 import optuna
-import psutil
 import tyro
 from optuna.trial import TrialState
 
@@ -73,192 +73,34 @@ from cleanrl_utils.benchmark import (
     stop_group,
     thread_env,
 )
-from cleanrl_utils.scores import AGGREGATIONS, aggregate, atari_game, load_reference_file, normalize, reference_scores
+from cleanrl_utils.checkpoint import list_checkpoints
+from cleanrl_utils.scores import AGGREGATIONS, load_reference_file, normalize, reference_scores
 from cleanrl_utils.tb import ScalarReader
+from cleanrl_utils.trials import (
+    Heartbeat,
+    Watcher,
+    census,
+    claim_trial,
+    error_of,
+    lineage,
+    lose_trial,
+    worker_record,
+)
+from cleanrl_utils.tuner_spaces import (  # noqa: F401 (re-exported: tuner.SPACES, tuner.run_score...)
+    FAMILIES,
+    MUJOCO,
+    SPACES,
+    TunerError,
+    env_family,
+    flag_args,
+    load_space,
+    run_score,
+    script_for,
+    space_params_fn,
+    trial_value,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-MUJOCO = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "InvertedPendulum", "Pusher")
-
-# --------------------------------------------------------------------------------------------
-# Search spaces: keys are the scripts' flags; {"low", "high"[, "log", "int"]} is a range,
-# a list is a choice, anything else a fixed value. The budget (total-timesteps) is fixed.
-# --------------------------------------------------------------------------------------------
-SPACES: dict[str, dict[str, Any]] = {
-    "cleanrl/ppo.py": {
-        "learning-rate": {"low": 1e-4, "high": 3e-3, "log": True},
-        "num-steps": [16, 32, 64, 128],
-        "num-minibatches": [1, 2, 4],
-        "update-epochs": [4, 10, 20],
-        "gamma": [0.95, 0.98, 0.99],
-        "gae-lambda": [0.8, 0.9, 0.95],
-        "ent-coef": [0.0, 0.001, 0.01],
-        "vf-coef": {"low": 0.25, "high": 1.0},
-        "max-grad-norm": {"low": 0.3, "high": 5.0, "log": True},
-        "total-timesteps": 100_000,
-    },
-    "cleanrl/ppo_atari.py": {
-        "learning-rate": {"low": 1e-4, "high": 1e-3, "log": True},
-        "num-steps": [64, 128, 256],
-        "num-minibatches": [2, 4, 8],
-        "update-epochs": [2, 4, 8],
-        "clip-coef": [0.1, 0.2, 0.3],
-        "ent-coef": [0.001, 0.01, 0.03],
-        "vf-coef": {"low": 0.25, "high": 1.0},
-        "total-timesteps": 2_000_000,
-    },
-    "cleanrl/ppo_continuous_action.py": {
-        "learning-rate": {"low": 1e-4, "high": 1e-3, "log": True},
-        "num-steps": [512, 1024, 2048],
-        "num-minibatches": [8, 16, 32],
-        "update-epochs": [5, 10, 20],
-        "gae-lambda": [0.9, 0.95, 0.98],
-        "ent-coef": [0.0, 0.001],
-        "total-timesteps": 500_000,
-    },
-    "cleanrl/dqn.py": {
-        "learning-rate": {"low": 1e-4, "high": 2e-3, "log": True},
-        "batch-size": [64, 128, 256],
-        "train-frequency": [4, 8, 16],
-        "gradient-steps": [1, 4, 8],
-        "target-network-frequency": [128, 500, 1000],
-        "exploration-fraction": {"low": 0.05, "high": 0.3},
-        "gamma": [0.98, 0.99],
-        "total-timesteps": 60_000,
-    },
-    "cleanrl/dqn_atari.py": {
-        "learning-rate": {"low": 3e-5, "high": 3e-4, "log": True},
-        "batch-size": [32, 64],
-        "target-network-frequency": [1000, 4000],
-        "exploration-fraction": [0.05, 0.1, 0.2],
-        "total-timesteps": 2_000_000,
-    },
-    "cleanrl/sac_continuous_action.py": {
-        "policy-lr": {"low": 1e-4, "high": 1e-3, "log": True},
-        "q-lr": {"low": 3e-4, "high": 3e-3, "log": True},
-        "batch-size": [128, 256, 512],
-        "tau": [0.005, 0.01, 0.02],
-        "gamma": [0.98, 0.99],
-        "total-timesteps": 300_000,
-    },
-    "cleanrl/appo.py": {
-        "learning-rate": {"low": 1e-4, "high": 3e-3, "log": True},
-        "num-steps": [16, 32, 64],
-        "update-epochs": [4, 10, 20],
-        "max-policy-lag": [2, 4, 8],
-        "gamma": [0.95, 0.98, 0.99],
-        "total-timesteps": 150_000,
-    },
-    "cleanrl/appo_atari.py": {
-        "learning-rate": {"low": 1e-4, "high": 1e-3, "log": True},
-        "num-steps": [64, 128],
-        "num-minibatches": [2, 4],
-        "update-epochs": [2, 4],
-        "clip-coef": [0.1, 0.2],
-        "total-timesteps": 2_000_000,
-    },
-}
-# algorithm family -> env family -> script
-FAMILIES: dict[str, dict[str, str]] = {
-    "ppo": {"classic": "cleanrl/ppo.py", "atari": "cleanrl/ppo_atari.py", "mujoco": "cleanrl/ppo_continuous_action.py"},
-    "dqn": {"classic": "cleanrl/dqn.py", "atari": "cleanrl/dqn_atari.py"},
-    "sac": {"mujoco": "cleanrl/sac_continuous_action.py"},
-    "appo": {"classic": "cleanrl/appo.py", "atari": "cleanrl/appo_atari.py"},
-}
-
-
-class TunerError(Exception):
-    """Bad input to the tuner: one line, exit code 2 from the command line."""
-
-
-def env_family(env_id: str) -> str:
-    if atari_game(env_id):
-        return "atari"
-    if env_id.split("-v")[0] in MUJOCO:
-        return "mujoco"
-    return "classic"
-
-
-def script_for(algorithm: str, env_ids: list[str]) -> str:
-    """The script of ``algorithm`` for these envs (ppo: ppo.py for classic control, ppo_atari.py for Atari...)."""
-    if algorithm not in FAMILIES:
-        raise TunerError(f"--algorithm {algorithm}: must be one of {', '.join(FAMILIES)} (or give --script)")
-    kinds = {env_family(env_id) for env_id in env_ids}
-    if len(kinds) > 1:
-        raise TunerError(f"--env-ids {' '.join(env_ids)}: mixes {' and '.join(sorted(kinds))} envs; tune them apart")
-    kind = kinds.pop()
-    if kind not in FAMILIES[algorithm]:
-        raise TunerError(f"--algorithm {algorithm}: has no script for {kind} envs ({', '.join(env_ids)})")
-    return FAMILIES[algorithm][kind]
-
-
-def load_space(path: str | Path) -> dict[str, Any]:
-    """A search space from a JSON or TOML file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as error:
-        raise TunerError(f"--space {path}: {error}") from None
-
-
-def space_params_fn(space: dict[str, Any]) -> Callable[[optuna.Trial], dict[str, Any]]:
-    """Turn a search-space dict into a CleanRL-style ``params_fn(trial) -> {flag: value}``."""
-    for key, spec in space.items():
-        if isinstance(spec, dict) and not ({"low", "high"} <= set(spec) and set(spec) <= {"low", "high", "log", "int"}):
-            raise TunerError(f"search space {key}: a range is {{low, high[, log, int]}}, got {spec}")
-        if isinstance(spec, list) and not spec:
-            raise TunerError(f"search space {key}: an empty list of choices")
-
-    def params_fn(trial: optuna.Trial) -> dict[str, Any]:
-        params = {}
-        for key, spec in space.items():
-            if isinstance(spec, dict):
-                is_int = spec.get("int", isinstance(spec["low"], int) and isinstance(spec["high"], int))
-                suggest = trial.suggest_int if is_int else trial.suggest_float
-                params[key] = suggest(key, spec["low"], spec["high"], log=spec.get("log", False))
-            elif isinstance(spec, list):
-                params[key] = trial.suggest_categorical(key, spec)
-            else:
-                params[key] = spec
-        return params
-
-    return params_fn
-
-
-def flag_args(params: dict[str, Any]) -> list[str]:
-    """``{"learning-rate": 0.001, "anneal_lr": False}`` -> ``--learning-rate 0.001 --anneal-lr False``."""
-    argv = []
-    for key, value in params.items():
-        argv += [f"--{key.replace('_', '-').lstrip('-')}", str(value)]
-    return argv
-
-
-# --------------------------------------------------------------------------------------------
-# The objective of one run, and of a trial
-# --------------------------------------------------------------------------------------------
-def run_score(steps: list[int], values: list[float], objective: str, window: int, upto: float = math.inf):
-    """The score of one run from its points up to env step ``upto``; None before any episode ended.
-
-    ``last``: the mean of the last ``window`` values. ``auc``: the area under the curve of the values
-    against env steps, divided by the steps it spans (a run that learns early scores higher).
-    """
-    points = [(s, v) for s, v in zip(steps, values) if s <= upto]
-    if not points:
-        return None
-    s, v = np.array([p[0] for p in points], dtype=np.float64), np.array([p[1] for p in points], dtype=np.float64)
-    if objective == "last" or len(points) == 1 or s[-1] == s[0]:
-        return float(v[-window:].mean())
-    return float(np.trapezoid(v, s) / (s[-1] - s[0]))
-
-
-def trial_value(scores: dict[str, list[float]], how: str) -> float:
-    """Aggregate normalised run scores ``{env_id: [score per seed]}`` into one value.
-
-    mean/median/max/min: over envs of each env's mean over seeds; iqm: over all runs pooled (rliable's IQM).
-    """
-    if how == "iqm":
-        return aggregate([s for per_env in scores.values() for s in per_env], "iqm")
-    return aggregate([float(np.mean(per_env)) for per_env in scores.values()], how)
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,6 +115,7 @@ class RunSpec:
     log: Path
     run_dir: Path
     total: int
+    resume_step: int | None = None  # the checkpoint this run continues from (a resumed trial)
 
 
 class Tuner:
@@ -303,6 +146,7 @@ class Tuner:
         report_every: float = 0.1,
         heartbeat: int = 60,
         max_failures: int | None = None,
+        max_resumes: int = 3,
         sampler_seed: int | None = None,
         start_seed: int = 1,
         progress_interval: float = 30.0,
@@ -349,6 +193,7 @@ class Tuner:
         self.workers = workers if not self.gpus else min(workers, len(self.gpus) * trials_per_gpu)
         self.threads_per_run, self.report_every, self.heartbeat = threads_per_run, report_every, heartbeat
         self.max_failures, self.start_seed, self.sampler_seed = max_failures, start_seed, sampler_seed
+        self.max_resumes = max_resumes
         self.progress_interval, self.poll = progress_interval, poll
         self.extra_args = list(extra_args or [])
         for name, value in (
@@ -358,13 +203,17 @@ class Tuner:
         ):
             if value < 1:
                 raise TunerError(f"--{name} {value}: must be a positive integer")
+        if max_resumes < 0:
+            raise TunerError(f"--max-resumes {max_resumes}: must be >= 0")
+        if heartbeat <= 0:
+            raise TunerError(f"--heartbeat {heartbeat}: must be a positive number of seconds")
         if not 0.0 < report_every <= 1.0:
             raise TunerError(f"--report-every {report_every}: must be in (0, 1]")
         if metric_last_n_average_window < 1:
             raise TunerError(f"--metric-last-n-average-window {metric_last_n_average_window}: must be >= 1")
 
     # ----------------------------------------------------------------------------------------
-    def storage(self, heartbeat: bool = True):
+    def storage(self):
         """A fresh storage object (one per process: database connections do not survive a fork)."""
         url = self.storage_url
         if "://" not in url:  # a file path: Optuna's journal file (no server, safe for processes on one machine)
@@ -375,12 +224,7 @@ class Tuner:
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-        return optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=kwargs,
-            heartbeat_interval=self.heartbeat if heartbeat else None,
-            grace_period=3 * self.heartbeat if heartbeat else None,
-        )
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
     def config(self, num_seeds: int) -> dict[str, Any]:
         """What makes two runs of the tuner the same study; a re-run that differs is refused."""
@@ -406,7 +250,7 @@ class Tuner:
         self.seeds = list(range(self.start_seed, self.start_seed + num_seeds))
         self.check_space()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        storage = self.storage(heartbeat=False)
+        storage = self.storage()
         study = optuna.create_study(
             study_name=self.study_name, storage=storage, direction=self.direction, load_if_exists=True
         )
@@ -444,26 +288,41 @@ class Tuner:
 
     # ----------------------------------------------------------------------------------------
     def supervise(self) -> None:
-        """Start the workers, show progress, clean up after a worker that dies, until all have stopped."""
+        """Start the workers, show progress, resume the trials of a worker that dies and start another in
+        its place, until all have stopped. SIGTERM (a preemption, a requeue) and Ctrl-C stop the workers,
+        whose runs write a checkpoint; their trials resume when the command runs again."""
         ctx = multiprocessing.get_context("fork")
         slots = device_slots(self.gpus, self.trials_per_gpu, 1) or [{} for _ in range(self.workers)]
         procs = {}
-        for index in range(self.workers):
+
+        def start(index: int) -> None:
             proc = ctx.Process(target=self._worker_main, args=(index, slots[index]), daemon=False)
             proc.start()
             procs[index] = proc
-        storage = self.storage(heartbeat=False)
+
+        for index in range(self.workers):
+            start(index)
+        stopping = []
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+        storage = self.storage()
+        study = optuna.load_study(study_name=self.study_name, storage=storage)
+        watcher = Watcher(grace=3 * self.heartbeat)
         started, last_line_printed, last_print = time.monotonic(), [], 0.0
         try:
             while procs:
+                if stopping:
+                    raise KeyboardInterrupt
                 for index, proc in list(procs.items()):
                     if proc.is_alive():
                         continue
                     proc.join()
-                    if proc.exitcode != 0:
-                        self.clean_up_worker(storage, proc.pid, proc.exitcode)
                     del procs[index]
-                line = self.progress_line(storage, started)
+                    if proc.exitcode != 0:
+                        self.clean_up_worker(study, proc.pid, proc.exitcode)
+                        if proc.exitcode < 0 and not self.study_done(study):  # killed: another takes its place
+                            start(index)
+                watcher.resume_lost(study, self.max_resumes)
+                line = self.progress_line(study, started)
                 now = time.monotonic()
                 counts = line.split(";")[:2]  # the counts and the best value, not the clock
                 if counts != last_line_printed or now - last_print > self.progress_interval:
@@ -472,55 +331,58 @@ class Tuner:
                 if procs:
                     time.sleep(self.poll)
         except KeyboardInterrupt:
-            print("[tuner] interrupted: stopping the workers (their trials are marked failed)", flush=True)
+            why = "SIGTERM" if stopping else "interrupted"
+            print(f"[tuner] {why}: stopping the workers (their runs checkpoint; the same command resumes their trials)",
+                  flush=True)  # fmt: skip
             for proc in procs.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)
             for proc in procs.values():
                 proc.join()
-            raise SystemExit(130) from None
+            raise SystemExit(143 if stopping else 130) from None
         finally:
+            signal.signal(signal.SIGTERM, previous)
             _dispose(storage)
 
-    def clean_up_worker(self, storage, pid: int, exitcode: int) -> None:
-        """A worker died (killed, crashed): stop its runs and fail its trial, so the study goes on."""
+    def study_done(self, study: optuna.Study) -> bool:
+        count = census(study)
+        return count.finished >= self.num_trials or count.failed >= self.max_failures
+
+    def clean_up_worker(self, study: optuna.Study, pid: int, exitcode: int) -> None:
+        """A worker died (killed, crashed): stop its runs and resume its trial, so the study goes on."""
         state_file = self.out_dir / "workers" / f"{socket.gethostname()}-{pid}.json"
         with contextlib.suppress(OSError, ValueError):
             state = json.loads(state_file.read_text())
             for pgid in state.get("pgids", []):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
-            study = optuna.load_study(study_name=self.study_name, storage=storage)
-            trial = next((t for t in study.get_trials(deepcopy=False) if t.number == state.get("trial")), None)
-            if trial is not None and trial.state == TrialState.RUNNING:
-                reason = f"its worker (pid {pid}) died with exit code {exitcode}"
-                storage.set_trial_user_attr(trial._trial_id, "error", reason)
-                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-                print(f"[tuner] trial {trial.number} failed: {reason}", flush=True)
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            trial = next((t for t in running if t.number == state.get("trial")), None)
+            if trial is not None:
+                how = f"signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
+                line = lose_trial(study, trial, f"its worker (pid {pid}) died ({how})", self.max_resumes)
+                if line:
+                    print(line, flush=True)
         with contextlib.suppress(OSError):
             state_file.unlink()
 
-    def progress_line(self, storage, started: float) -> str:
-        study = optuna.load_study(study_name=self.study_name, storage=storage)
-        trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
-        count = {state: sum(t.state == state for t in trials) for state in TrialState}
-        finished = count[TrialState.COMPLETE] + count[TrialState.PRUNED]
-        invalid = sum("invalid" in t.user_attrs for t in trials)
+    def progress_line(self, study: optuna.Study, started: float) -> str:
+        count = census(study)
         best = _best(study)
         best_text = f"best {best.value:.4g} (trial {best.number})" if best else "no complete trial yet"
         durations = [
             (t.datetime_complete - t.datetime_start).total_seconds()
-            for t in trials
+            for t in count.counted
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.datetime_complete and t.datetime_start
         ]
-        remaining = max(self.num_trials - finished, 0)
+        remaining = max(self.num_trials - count.finished, 0)
         eta = (
             f"ETA {np.mean(durations) * remaining / self.workers / 60:.1f} min" if durations and remaining else "ETA -"
         )
-        complete, pruned, running = (count[s] for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        resumed = f", {count.resumed} resumed" if count.resumed else ""
         return (
-            f"[tuner] {finished}/{self.num_trials} finished ({complete} complete, {pruned} pruned), {running} running, "
-            f"{count[TrialState.FAIL] - invalid} failed, {invalid} invalid; {best_text}; "
+            f"[tuner] {count.finished}/{self.num_trials} finished ({count.complete} complete, {count.pruned} pruned), "
+            f"{count.running} running, {count.failed} failed, {count.invalid} invalid{resumed}; {best_text}; "
             f"{(time.monotonic() - started) / 60:.1f} min, {eta}"
         )
 
@@ -536,26 +398,23 @@ class Tuner:
         sampler = self.worker_sampler(index)
         storage = self.storage()
         study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler, pruner=self.pruner)
+        watcher = Watcher(grace=3 * self.heartbeat)
         try:
             while not self.interrupted:
-                fail_dead_trials(study)
-                trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
-                finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-                running = sum(t.state == TrialState.RUNNING for t in trials)
-                failed = sum(t.state == TrialState.FAIL and "invalid" not in t.user_attrs for t in trials)
-                invalid = sum("invalid" in t.user_attrs for t in trials)
-                if finished >= self.num_trials:
+                watcher.resume_lost(study, self.max_resumes)
+                count = census(study)
+                if count.finished >= self.num_trials:
                     break
-                if failed >= self.max_failures:
-                    print(f"[tuner] {failed} trials failed (--max-failures {self.max_failures}): stopping", flush=True)
+                if count.failed >= self.max_failures:
+                    print(f"[tuner] {count.failed} trials failed (--max-failures {self.max_failures}): stopping",
+                          flush=True)  # fmt: skip
                     break
-                if invalid >= 100 + 10 * self.num_trials:
-                    print(
-                        f"[tuner] {invalid} sampled settings failed the script's validation: fix the space", flush=True
-                    )
+                if count.invalid >= 100 + 10 * self.num_trials:
+                    print(f"[tuner] {count.invalid} sampled settings failed the script's validation: fix the space",
+                          flush=True)  # fmt: skip
                     break
-                if finished + running >= self.num_trials:  # the last trials run elsewhere; one may yet fail
-                    time.sleep(self.poll)
+                if count.finished + count.running >= self.num_trials and not count.waiting:
+                    time.sleep(self.poll)  # the last trials run elsewhere; one may yet fail or be lost
                     continue
                 trial = claim_trial(study, self.num_trials)
                 if trial is None:
@@ -584,12 +443,16 @@ class Tuner:
     def write_state(self, trial_number: int | None, procs: list) -> None:
         self.state_file.write_text(json.dumps({"trial": trial_number, "pgids": [p.pid for p in procs]}))
 
-    def plan_runs(self, trial: optuna.Trial, params: dict[str, Any]) -> tuple[list[RunSpec] | None, str | None]:
-        """The runs of a trial, checked with the script's own validation; (None, error) if one is invalid."""
+    def plan_runs(
+        self, number: int, params: dict[str, Any], resume: bool = False
+    ) -> tuple[list[RunSpec] | None, str | None]:
+        """The runs of lineage ``number``, checked with the script's own validation; (None, error) if one
+        is invalid. With ``resume``, a run that holds checkpoints continues from its last one (``--resume``);
+        one that holds none starts again in an emptied directory (the points it logged would repeat)."""
         runs = []
         for env_id in self.env_ids:
             for seed in self.seeds:
-                name = f"{self.study_name}/t{trial.number:04d}/{env_id.replace('/', '-')}__{seed}"
+                name = f"{self.study_name}/t{number:04d}/{env_id.replace('/', '-')}__{seed}"
                 flags = [*flag_args(params), *self.extra_args, "--env-id", env_id, "--seed", str(seed)]
                 args, error = check_script_args(self.script, flags)
                 if error:
@@ -599,37 +462,70 @@ class Tuner:
                 if args is not None and hasattr(args, "threads") and "threads" not in _keys(params, self.extra_args):
                     flags += ["--threads", str(self.threads_per_run)]
                 total = getattr(args, "total_timesteps", None) or params.get("total-timesteps") or 0
+                run_dir, step = Path("runs") / name, None
+                if resume:
+                    found = list_checkpoints(run_dir / "checkpoints") if hasattr(args, "resume") else []
+                    if found:
+                        flags += ["--resume", str(run_dir)]
+                        step = int(found[-1].stem.split("_")[1])
+                    elif run_dir.exists():
+                        shutil.rmtree(run_dir)
                 argv = [sys.executable, str(self.script), *flags, "--run-name", name]
                 log = self.out_dir / "logs" / f"{name.split('/', 1)[1].replace('/', '__')}.log"
-                runs.append(RunSpec(env_id, seed, name, argv, log, Path("runs") / name, int(total)))
+                runs.append(RunSpec(env_id, seed, name, argv, log, run_dir, int(total), step))
         return runs, None
 
+    def resume_lineage(self, study: optuna.Study, trial: optuna.Trial, runs: list[RunSpec]) -> int:
+        """A retry: report again what its lineage reported (the pruner sees it as never stopped), record
+        where each run resumes. Returns the last step already reported (0 for a new trial)."""
+        if "resume_of" not in trial.user_attrs:
+            return 0
+        lost = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.user_attrs["resume_of"])
+        for step, value in sorted(lost.intermediate_values.items()):
+            trial.report(value, step)
+        resumed_from = {run.name: run.resume_step or 0 for run in runs}
+        trial.set_user_attr("resumed_from", resumed_from)
+        where = ", ".join(f"{run.env_id} seed {run.seed} from step {run.resume_step or 0}" for run in runs)
+        print(f"[tuner] trial {trial.number} resumes trial {lost.number} (lineage {lineage(trial)}, resume "
+              f"{trial.user_attrs['resumes']} of at most {self.max_resumes}): {where}", flush=True)  # fmt: skip
+        return max(lost.intermediate_values, default=0)
+
     def run_trial(self, study: optuna.Study, trial: optuna.Trial) -> None:
-        worker = {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
-        trial.set_user_attr("worker", worker)
+        trial.set_user_attr("worker", worker_record())
+        heartbeat = Heartbeat(trial, self.heartbeat)
         params = self.params_fn(trial)
+        if trial.user_attrs.get("params") is not None:  # a retry: exactly the values its lineage ran with
+            params = trial.user_attrs["params"]
         trial.set_user_attr("params", params)  # every value passed to the runs, fixed ones included
-        runs, error = self.plan_runs(trial, params)
+        retry = "resume_of" in trial.user_attrs
+        runs, error = self.plan_runs(lineage(trial), params, resume=retry)
         if error:
+            heartbeat.stop()
             trial.set_user_attr("invalid", True)  # not run: counts neither as a trial nor as a failure
             trial.set_user_attr("error", f"invalid: {error}")
             study.tell(trial, state=TrialState.FAIL)
             print(f"[tuner] trial {trial.number} not run, its values fail the script's validation: {error}", flush=True)
             return
-        heartbeat = _Heartbeat(study, trial)
+        reported = self.resume_lineage(study, trial, runs)
         env = {**thread_env(self.threads_per_run), **self.slot}
         procs = [launch(run.argv, run.log, env) for run in runs]
         self.write_state(trial.number, procs)
         readers = [ScalarReader(run.run_dir) for run in runs]
         steps = [round(self.report_every * k * 100) for k in range(1, int(1 / self.report_every + 1e-9) + 1)]
-        steps = [s for s in steps if s < 100]
+        steps = [s for s in steps if reported < s < 100]
         try:
             while any(p.poll() is None for p in procs):
-                if self.interrupted:
+                if self.interrupted:  # SIGTERM (a preemption, a requeue, Ctrl-C): checkpoint, resume later
                     for proc in procs:
-                        stop_group(proc, signal.SIGKILL)
-                    trial.set_user_attr("error", "interrupted")
-                    study.tell(trial, state=TrialState.FAIL)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGTERM)
+                    for proc in procs:
+                        stop_group(proc, signal.SIGTERM, grace=20.0)
+                    heartbeat.stop()
+                    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+                    line = lose_trial(study, frozen, "its worker was stopped (SIGTERM)", self.max_resumes)
+                    if line:
+                        print(line, flush=True)
                     return
                 time.sleep(self.poll)
                 for reader in readers:
@@ -644,6 +540,7 @@ class Tuner:
                     if trial.should_prune():
                         for proc in procs:
                             stop_group(proc, signal.SIGKILL)
+                        heartbeat.stop()
                         trial.set_user_attr("pruned_at", step)
                         study.tell(trial, state=TrialState.PRUNED)
                         print(f"[tuner] trial {trial.number} pruned at {step}% of its budget ({value:.4g})", flush=True)
@@ -651,6 +548,7 @@ class Tuner:
             for reader in readers:
                 reader.update()
             results = self.results(runs, readers, procs)
+            heartbeat.stop()
             trial.set_user_attr("runs", results)
             failed = next((r for r in results if r["returncode"] != 0), None)
             if failed:
@@ -708,7 +606,7 @@ class Tuner:
                     "run_dir": str(run.run_dir),
                     "log": str(run.log),
                     "last_line": last_line(run.log) if proc.returncode else "",
-                    "command": shlex.join(["python", _repo_relative(self.script), *run.argv[2:]]),
+                    "command": shlex.join(["python", _repo_relative(self.script), *_without_resume(run.argv[2:])]),
                 }
             )
         return out
@@ -732,17 +630,22 @@ class Tuner:
     # ----------------------------------------------------------------------------------------
     def report(self) -> optuna.trial.FrozenTrial | None:
         """The table of the best trials, ``best_params.json`` and the command lines of the best trial."""
-        storage = self.storage(heartbeat=False)
+        storage = self.storage()
         study = optuna.load_study(study_name=self.study_name, storage=storage)
-        trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]
+        count = census(study)
         complete = sorted(
-            (t for t in trials if t.state == TrialState.COMPLETE),
+            (t for t in count.counted if t.state == TrialState.COMPLETE),
             key=lambda t: t.value,
             reverse=self.direction == "maximize",
         )
-        failed = [t for t in trials if t.state == TrialState.FAIL]
+        failed = [t for t in count.counted if t.state == TrialState.FAIL]
         for t in failed[-5:]:
-            print(f"[tuner] failed trial {t.number}: {t.user_attrs.get('error', 'no reason recorded')}", flush=True)
+            print(f"[tuner] failed trial {t.number}: {error_of(study, t)}", flush=True)
+        if count.resumed:
+            resumed = [t for t in count.counted if "resume_of" in t.user_attrs]
+            print(f"[tuner] {len(resumed)} trials resumed after a lost worker ({count.resumed} resumes): "
+                  + ", ".join(f"trial {t.number} (lineage {lineage(t)}, {t.user_attrs['resumes']}x)" for t in resumed),
+                  flush=True)  # fmt: skip
         if not complete:
             print("[tuner] no trial completed", flush=True)
             _dispose(storage)
@@ -776,77 +679,6 @@ class Tuner:
         return best
 
 
-def claim_trial(study: optuna.Study, num_trials: int) -> optuna.Trial | None:
-    """A new trial, unless the trials numbered before it (finished or running) already fill the budget.
-
-    Workers on several machines may ask at the same moment; the storage numbers their trials in
-    order, so the later one sees the earlier and stands down: its trial is closed as a ``surplus``
-    failure that nothing counts, and ``--num-trials`` is never overshot.
-    """
-    trial = study.ask()
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    ahead = [
-        t
-        for t in study.get_trials(deepcopy=False, states=states)
-        if t.number < trial.number and not t.user_attrs.get("surplus")
-    ]
-    if len(ahead) >= num_trials:
-        trial.set_user_attr("surplus", True)
-        study.tell(trial, state=TrialState.FAIL)
-        return None
-    return trial
-
-
-def fail_dead_trials(study: optuna.Study) -> None:
-    """Fail RUNNING trials whose worker is gone: by the storage's heartbeat (any machine), or, for a
-    worker of this machine, at once when its process no longer exists (also for the journal storage)."""
-    optuna.storages.fail_stale_trials(study)
-    host = socket.gethostname()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = trial.user_attrs.get("worker")
-        if not worker or worker["host"] != host:
-            continue
-        try:  # the same pid and start time: the worker still runs (a pid can be reused)
-            alive = abs(psutil.Process(worker["pid"]).create_time() - worker["started"]) < 1.0
-        except psutil.NoSuchProcess:
-            alive = False
-        if not alive:
-            with contextlib.suppress(Exception):
-                study._storage.set_trial_user_attr(
-                    trial._trial_id, "error", f"its worker (pid {worker['pid']}) is gone"
-                )
-                study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-
-
-class _Heartbeat:
-    """Records the trial's heartbeat in the storage while it runs (RDB storages with a heartbeat interval)."""
-
-    def __init__(self, study: optuna.Study, trial: optuna.Trial):
-        from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
-
-        self.done = threading.Event()
-        storage = study._storage
-        if not (isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage)):
-            self.thread = None
-            return
-        interval = storage.get_heartbeat_interval()
-
-        def beat():
-            while True:
-                with contextlib.suppress(Exception):
-                    storage.record_heartbeat(trial._trial_id)
-                if self.done.wait(interval):
-                    return
-
-        self.thread = threading.Thread(target=beat, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.done.set()
-        if self.thread is not None:
-            self.thread.join()
-
-
 def _best(study: optuna.Study):
     try:
         return study.best_trial
@@ -865,6 +697,19 @@ def _repo_relative(path: Path) -> str:
     with contextlib.suppress(ValueError):
         return str(path.relative_to(REPO))
     return str(path)
+
+
+def _without_resume(flags: list[str]) -> list[str]:
+    """A run's flags without ``--resume DIR`` (a resumed run's command, as one uninterrupted run)."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == "--resume":
+            skip = True
+        else:
+            out.append(flag)
+    return out
 
 
 def _safe(name: str) -> str:
@@ -942,9 +787,11 @@ class Args:
     report_every: float = 0.1
     """report the live score to the pruner at every this fraction of the budget"""
     heartbeat: int = 60
-    """seconds between a trial's heartbeats (RDB storages); a trial silent for 3 of them is failed"""
+    """seconds between a trial's heartbeats; a trial silent for 3 of them is resumed by another worker"""
     max_failures: int | None = None
     """stop when the study has this many failed trials (default: --num-trials)"""
+    max_resumes: int = 3
+    """times a trial whose worker is lost (killed, preempted, requeued) is resumed from its checkpoints before it fails"""
     progress_interval: float = 30.0
     """seconds between progress lines when nothing changes"""
     track: bool = False
@@ -1014,6 +861,7 @@ def build(args: Args) -> Tuner:
         report_every=args.report_every,
         heartbeat=args.heartbeat,
         max_failures=args.max_failures,
+        max_resumes=args.max_resumes,
         sampler_seed=args.sampler_seed,
         start_seed=args.start_seed,
         progress_interval=args.progress_interval,
@@ -1024,9 +872,7 @@ def build(args: Args) -> Tuner:
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # the heartbeat is used with ask/tell, as Optuna's own optimize() does; its notices are noise here
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     try:
         tuner = build(args)
         best = tuner.tune(args.num_trials, args.num_seeds)

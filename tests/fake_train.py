@@ -2,9 +2,12 @@
 runs/<run-name>/ event files with the hyperparameters table), no learning. The episodic return
 follows a known schedule: ``500 * quality * step / total_timesteps + seed / 100`` at every
 ``--num-steps`` env steps, one point every ``--step-time`` seconds, so a test knows every value.
+With ``--checkpoint-interval`` it writes a (content-free) checkpoint file every that many steps and
+on SIGTERM, and ``--resume runs/<run>`` continues after the newest one, as the real scripts do.
 """
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -49,6 +52,10 @@ class Args:
     """recorded as the distributed scripts record theirs"""
     progress: bool = True
     """console progress (unused)"""
+    checkpoint_interval: int = 0
+    """env steps between checkpoint files (0: none)"""
+    resume: str | None = None
+    """a run directory whose newest checkpoint this run continues after"""
 
 
 def validate(args: Args) -> None:
@@ -62,10 +69,22 @@ def main() -> None:
     args = parse_args(Args)
     validate(args)
     run_dir = Path("runs") / (args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}")
-    writer, _ = start_logging(args, run_dir, None, None)
+    first = args.num_steps
+    if args.resume:
+        done = int(sorted(Path(args.resume, "checkpoints").glob("ckpt_*.pt"))[-1].stem.split("_")[1])
+        print(f"resuming after step {done}", flush=True)
+        first = done + args.num_steps
+    writer, _ = start_logging(args, run_dir, None, first - args.num_steps + 1 if args.resume else None)
     with open(run_dir / "pids", "a") as f:
         f.write(f"{os.getpid()}\n")
-    for step in range(args.num_steps, args.total_timesteps + 1, args.num_steps):
+    stop = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+
+    def checkpoint(step: int) -> None:
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        (run_dir / "checkpoints" / f"ckpt_{step:08d}.pt").write_text(f"{step}\n")
+
+    for step in range(first, args.total_timesteps + 1, args.num_steps):
         fraction = step / args.total_timesteps
         if args.crash_at is not None and fraction >= args.crash_at:
             print("error: planned crash", flush=True)
@@ -79,6 +98,12 @@ def main() -> None:
         writer.add_scalar("charts/episodic_return", value, step)
         writer.add_scalar("charts/SPS", args.sps + args.seed, step)
         writer.flush()
+        if stop or (args.checkpoint_interval and step % args.checkpoint_interval == 0):
+            checkpoint(step)
+        if stop:
+            writer.close()
+            print(f"stopped by signal {stop[0]} at step {step}", flush=True)
+            sys.exit(128 + stop[0])
         time.sleep(args.step_time)
     writer.close()
     print(f"done: {args.total_timesteps} steps", flush=True)

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from cleanrl_utils.tb import ScalarReader
 from tests.conftest import SCRIPTS, final_checkpoint, processes_with_marker, run_script, same_parameters, script_env
 
 # script and its small-budget flags
@@ -41,6 +42,10 @@ def test_resume_continues_exactly(tmp_path, case):
     mid = tmp_path / "mid.pt"
     shutil.copy(a / f"runs/r/checkpoints/ckpt_{half:08d}.pt", mid)
 
+    # The attempt that wrote the checkpoint logged on past it before it stopped: its event files are there.
+    (b / "runs/r").mkdir(parents=True)
+    for events in (a / "runs/r").glob("events.out.tfevents.*"):
+        shutil.copy(events, b / "runs/r" / events.name)
     # A fresh process resumes from iteration 4 and must end exactly where the uninterrupted run did.
     run_script(script, "--resume", str(mid), cwd=b)
     one_go, resumed = final_checkpoint(a / "runs/r"), final_checkpoint(b / "runs/r")
@@ -51,6 +56,12 @@ def test_resume_continues_exactly(tmp_path, case):
     assert same_parameters(one_go["model"], resumed["model"])
     opt_a, opt_b = one_go["optimizer"]["state"], resumed["optimizer"]["state"]
     assert all(same_parameters(opt_a[k], opt_b[k]) for k in opt_a)
+    # the curves read as one run's: the points at the checkpoint's own step kept, those after it once
+    curve_a, curve_b = ScalarReader(a / "runs/r").update(), ScalarReader(b / "runs/r").update()
+    for tag in ("losses/value_loss", "charts/episodic_return"):
+        assert curve_b.get(tag).steps == curve_a.get(tag).steps, tag
+        assert curve_b.get(tag).values == curve_a.get(tag).values, tag
+    assert half in curve_b.get("losses/value_loss").steps
 
 
 def test_same_seed_same_result_other_seed_differs(tmp_path):

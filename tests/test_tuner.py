@@ -216,56 +216,120 @@ def test_postgresql_study_two_workers(tmp_path, postgres):
         assert t.value == pytest.approx(float(np.float32(500 * t.params["quality"] + 0.01)) / 500, rel=1e-6)
 
 
-def test_killed_worker_fails_its_trial_and_the_study_finishes(tmp_path, marker):
-    """SIGKILL one worker mid-trial: its trial is failed and its runs are gone, the others finish the study.
-    Then SIGKILL the whole tuner mid-trial: re-running the same command fails the orphaned trial and
-    finishes the study (journal storage: no heartbeat, the dead worker's pid tells)."""
-    space = write_space(
-        tmp_path / "space.json",
-        {"quality": {"low": 0.1, "high": 1.0}, "total-timesteps": 2000, "step-time": 0.15},
-    )
-    args = ("--script", FAKE, "--env-ids", "CartPole-v1", "--space", space, "--pruner", "none")
-    args += ("--storage", "study.log", "--study-name", "k", "--num-trials", "4", "--progress-interval", "1")
-    env = script_env({"CLEANRL_TEST_MARKER": marker})
-
-    def running_trial(study_file: Path):
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if study_file.exists():
-                for t in load(str(study_file), "k").get_trials(states=(optuna.trial.TrialState.RUNNING,)):
-                    if "worker" in t.user_attrs and list((tmp_path / "runs/k").glob(f"t{t.number:04d}/*/pids")):
-                        return t
-            time.sleep(0.3)
-        raise AssertionError("no trial started within 120 s")
-
-    first = subprocess.Popen([sys.executable, TUNER, *args, "--workers", "2"], cwd=tmp_path, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    victim = running_trial(tmp_path / "study.log")
-    os.kill(victim.user_attrs["worker"]["pid"], signal.SIGKILL)
-    # wait for the first invocation to be mid-way in another trial, then kill it whole
-    deadline = time.monotonic() + 120
+def wait_for(condition, what: str, timeout: float = 120.0, every: float = 0.05):
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        states = trials_by_state(load(str(tmp_path / "study.log"), "k"))
-        if states.get("COMPLETE") and states.get("RUNNING"):
-            break
-        time.sleep(0.3)
+        found = condition()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def lineages(study: optuna.Study) -> dict[int, optuna.trial.FrozenTrial]:
+    """Lineage number -> its last trial (the one that counts)."""
+    out = {}
+    for t in sorted(study.get_trials(), key=lambda t: t.number):
+        if not t.user_attrs.get("surplus") and t.state.name != "WAITING":
+            out[t.user_attrs.get("lineage", t.number)] = t
+    return out
+
+
+def test_killed_worker_trial_resumes_from_its_checkpoints(tmp_path, marker):
+    """SIGKILL the worker mid-trial: the tuner starts another worker, which resumes the trial (same
+    parameters, same run directory, ``--resume`` from the run's last checkpoint) instead of replacing
+    it; the resumed trial reports and ends exactly as the same trial run without interruption, and
+    counts once. Nothing is left running."""
+    space = {"quality": {"low": 0.1, "high": 1.0}, "total-timesteps": 2000, "step-time": 0.12}
+    space = write_space(tmp_path / "space.json", {**space, "checkpoint-interval": 500})
+    args = ("--script", FAKE, "--env-ids", "CartPole-v1", "--space", space, "--pruner", "none", "--sampler", "random")
+    args += (
+        "--sampler-seed",
+        "3",
+        "--num-trials",
+        "1",
+        "--progress-interval",
+        "1",
+        "--metric-last-n-average-window",
+        "5",
+    )
+    whole = run_tuner(tmp_path, *args, "--storage", "u.log", "--study-name", "u")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    uninterrupted = lineages(load(str(tmp_path / "u.log"), "u"))[0]
+
+    env = script_env({"CLEANRL_TEST_MARKER": marker})
+    first = subprocess.Popen([sys.executable, TUNER, *args, "--storage", "k.log", "--study-name", "k"], cwd=tmp_path,
+                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    checkpoints = tmp_path / "runs/k/t0000/CartPole-v1__1/checkpoints"
+
+    def reported_and_saved():  # mid-trial: the pruner has had reports, the run has a checkpoint
+        if not list(checkpoints.glob("ckpt_*.pt")):
+            return None
+        trial = next(iter(load(str(tmp_path / "k.log"), "k").get_trials()), None)
+        return trial if trial and trial.intermediate_values else None
+
+    victim = wait_for(reported_and_saved, "a report and a checkpoint", every=0.1)
+    os.kill(victim.user_attrs["worker"]["pid"], signal.SIGKILL)  # its runs die with it (PDEATHSIG)
+    time.sleep(0.5)
+    saved = int(sorted(checkpoints.glob("ckpt_*.pt"))[-1].stem.split("_")[1])
+    assert saved < 2000, "the run had finished before the worker was killed"
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out
+    assert "lost" in out and "resumes trial 0" in out, out
+
+    study = load(str(tmp_path / "k.log"), "k")
+    lost = next(t for t in study.get_trials() if t.number == 0)
+    assert lost.state.name == "FAIL" and "signal 9" in study.user_attrs["error:0"], study.user_attrs
+    assert lost.intermediate_values, "killed before the first report: the test would not see them carried over"
+    resumed = lineages(study)[0]
+    assert resumed.number != 0 and resumed.state.name == "COMPLETE"
+    assert resumed.user_attrs["resume_of"] == 0 and resumed.user_attrs["resumes"] == 1
+    assert resumed.params == uninterrupted.params
+    assert resumed.user_attrs["resumed_from"] == {"k/t0000/CartPole-v1__1": saved}
+    log = (tmp_path / "runs/k/logs/t0000__CartPole-v1__1.log").read_text()
+    assert f"resuming after step {saved}" in log, log  # trained on from the checkpoint, not from step 0
+    series = ScalarReader(tmp_path / "runs/k/t0000/CartPole-v1__1").update().get("charts/episodic_return")
+    assert series.steps == list(range(100, 2001, 100))  # every point once: none lost, none repeated
+    # exactly the uninterrupted trial: the same reports to the pruner, the same value, counted once
+    assert resumed.intermediate_values == uninterrupted.intermediate_values
+    assert resumed.value == uninterrupted.value
+    assert [t.state.name for t in lineages(study).values()] == ["COMPLETE"]
+    assert not processes_with_marker(marker)
+
+
+def test_killed_tuner_resumes_the_orphaned_trial_exactly_on_the_real_script(tmp_path, marker):
+    """SIGKILL the whole tuner (a lost node) mid-trial of ``cleanrl/ppo.py``; re-running the command
+    finds the trial's worker gone, resumes the trial from its PPO checkpoint, and ends with the value of
+    the same trial run without interruption (exact resume)."""
+    space = {"learning-rate": {"low": 1e-3, "high": 3e-3, "log": True}, "num-envs": 2, "num-steps": 64}
+    space |= {"update-epochs": 2, "total-timesteps": 6400, "checkpoint-interval": 640}
+    space = write_space(tmp_path / "space.json", space)
+    args = ("--script", "cleanrl/ppo.py", "--env-ids", "CartPole-v1", "--space", space, "--pruner", "none")
+    args += ("--sampler", "random", "--sampler-seed", "5", "--num-trials", "1", "--metric-last-n-average-window", "10")
+    whole = run_tuner(tmp_path, *args, "--study-name", "u")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    uninterrupted = lineages(load(f"sqlite:///{tmp_path}/runs/u/optuna.db", "u"))[0]
+
+    env = script_env({"CLEANRL_TEST_MARKER": marker})
+    first = subprocess.Popen([sys.executable, TUNER, *args, "--study-name", "k"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    checkpoints = tmp_path / "runs/k/t0000/CartPole-v1__1/checkpoints"
+    wait_for(lambda: list(checkpoints.glob("ckpt_*.pt")), "the first checkpoint", every=0.02)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
-    time.sleep(1.0)
-    assert not processes_with_marker(marker), "a killed tuner left workers or runs behind"
-    study = load(str(tmp_path / "study.log"), "k")
-    killed = next(t for t in study.get_trials() if t.number == victim.number)
-    assert killed.state.name == "FAIL" and "died" in killed.user_attrs["error"], killed.user_attrs
-    orphaned = [t for t in study.get_trials() if t.state.name == "RUNNING"]
-    assert orphaned, "the second kill should leave a trial running in the storage"
+    wait_for(lambda: not processes_with_marker(marker), "the killed tuner's workers and runs to be gone", 30)
+    saved = int(sorted(checkpoints.glob("ckpt_*.pt"))[-1].stem.split("_")[1])
+    assert saved < 6400, "the run had finished before the tuner was killed"
 
-    again = run_tuner(tmp_path, *args, "--workers", "1", env={"CLEANRL_TEST_MARKER": marker}, timeout=120)
+    again = run_tuner(tmp_path, *args, "--study-name", "k", env={"CLEANRL_TEST_MARKER": marker})
     assert again.returncode == 0, again.stdout + again.stderr
-    states = trials_by_state(load(str(tmp_path / "study.log"), "k"))
-    assert len(states["COMPLETE"]) == 4 and "RUNNING" not in states
-    for t in orphaned:
-        t = next(s for s in states["FAIL"] if s.number == t.number)
-        assert "is gone" in t.user_attrs["error"]
+    assert "is gone" in again.stdout and "resumes trial 0" in again.stdout, again.stdout
+    resumed = lineages(load(f"sqlite:///{tmp_path}/runs/k/optuna.db", "k"))[0]
+    assert resumed.user_attrs["resumed_from"] == {"k/t0000/CartPole-v1__1": saved}
+    log = (tmp_path / "runs/k/logs/t0000__CartPole-v1__1.log").read_text()
+    assert f"ckpt_{saved:08d}.pt" in log, log
+    assert resumed.state.name == "COMPLETE" and resumed.value == uninterrupted.value
+    assert resumed.intermediate_values == uninterrupted.intermediate_values
     assert not processes_with_marker(marker)
 
 
@@ -353,6 +417,7 @@ def test_crashing_and_nan_runs_fail_their_trial_not_the_tuner(tmp_path):
         (["--script", FAKE, "--env-ids", "CartPole-v1", "--workers", "0"], "--workers 0: must be a positive"),
         (["--script", FAKE, "--env-ids", "CartPole-v1", "--report-every", "0"], "--report-every 0.0: must be in"),
         (["--script", "nope.py", "--env-ids", "CartPole-v1"], "--script nope.py: no such file"),
+        (["--script", FAKE, "--env-ids", "CartPole-v1", "--max-resumes", "-1"], "--max-resumes -1: must be >= 0"),
     ],
 )
 def test_bad_input_exits_2_before_any_study(tmp_path, monkeypatch, capsys, args, message):
@@ -408,7 +473,66 @@ def test_claim_never_overshoots_the_budget():
     assert tuner.claim_trial(study, num_trials=2) is not None
 
 
-def test_ctrl_c_stops_runs_and_fails_the_trial_then_resumes(tmp_path, marker):
+def test_lost_trial_is_resumed_once_per_loss_until_max_resumes():
+    """The life cycle in an in-memory study: a lost trial's parameters come back as one retry (a second
+    report of the same loss adds none that runs), the retry fills the lineage's place in the budget,
+    and a lineage lost more than --max-resumes times fails with a line saying so."""
+    from cleanrl_utils import trials
+
+    study = optuna.create_study()
+    first = study.ask()
+    x = first.suggest_float("x", 0.0, 1.0)
+    first.set_user_attr("params", {"x": x, "total-timesteps": 100})
+    line = trials.lose_trial(study, study.trials[0], "its worker is gone", max_resumes=2)
+    assert "resumes (resume 1 of at most 2)" in line
+    assert trials.lose_trial(study, study.trials[0], "its worker is gone", max_resumes=2) is None  # told twice
+    retry = trials.claim_trial(study, num_trials=1)
+    assert retry is not None and retry.suggest_float("x", 0.0, 1.0) == x and retry.user_attrs["lineage"] == 0
+    assert retry.user_attrs["params"] == {"x": x, "total-timesteps": 100} and retry.user_attrs["resumes"] == 1
+    assert trials.claim_trial(study, num_trials=1) is None  # the duplicate retry stands down...
+    assert trials.claim_trial(study, num_trials=1) is None  # ...and a new trial: the lineage fills the budget
+    count = trials.census(study)
+    assert (count.running, count.failed, count.resumed, count.waiting) == (1, 0, 1, 0)
+
+    for resumes in (2, 3):
+        lost = next(t for t in study.get_trials() if t.state.name == "RUNNING")
+        line = trials.lose_trial(study, lost, "no heartbeat", max_resumes=2)
+        if resumes == 2:
+            assert trials.claim_trial(study, num_trials=1).user_attrs["resumes"] == 2
+    assert "already resumed 2 times (--max-resumes 2): failed" in line
+    count = trials.census(study)
+    assert (count.running, count.failed, count.resumed, count.waiting, count.finished) == (0, 1, 2, 0, 0)
+    assert "--max-resumes 2" in trials.error_of(study, count.counted[0])
+
+
+def test_watcher_finds_a_silent_remote_worker_by_its_own_clock():
+    """A trial of a worker on another host is lost when its heartbeat stays unchanged for the grace
+    period as this watcher sees it (hosts' clocks need not agree); one that beats is not; a local
+    worker whose process is gone is lost at once."""
+    from cleanrl_utils import trials
+
+    study = optuna.create_study()
+    remote, beating, local = study.ask(), study.ask(), study.ask()
+    for trial in (remote, beating):
+        trial.set_user_attr("worker", {"host": "another-host", "pid": 1, "started": 0.0})
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    local.set_user_attr("worker", {**trials.worker_record(), "pid": int(gone.stdout)})
+    watcher = trials.Watcher(grace=0.3)
+    assert [(t.number, why) for t, why in watcher.lost(study)] == [
+        (2, f"its worker (pid {gone.stdout.strip()}) is gone")
+    ]
+    for beat in range(1, 6):
+        beating.set_user_attr("beat", beat)
+        time.sleep(0.1)
+        lost = [t.number for t, _ in watcher.lost(study)]
+    assert lost == [0, 2], lost
+    heartbeat = trials.Heartbeat(beating, interval=0.05)  # the worker's own thread keeps it alive
+    time.sleep(0.5)
+    assert [t.number for t, _ in watcher.lost(study)] == [0, 2]
+    heartbeat.stop()
+
+
+def test_ctrl_c_checkpoints_the_runs_and_the_same_command_resumes_the_trial(tmp_path, marker):
     space = write_space(tmp_path / "space.json", {"quality": [0.5], "total-timesteps": 2000, "step-time": 0.3})
     args = [TUNER, "--script", FAKE, "--env-ids", "CartPole-v1", "--space", space, "--pruner", "none"]
     args += ["--study-name", "i", "--num-trials", "2", "--progress-interval", "1"]
@@ -426,7 +550,14 @@ def test_ctrl_c_stops_runs_and_fails_the_trial_then_resumes(tmp_path, marker):
     assert proc.returncode == 130 and "interrupted" in out, out
     assert not processes_with_marker(marker)
     study = load(f"sqlite:///{tmp_path}/runs/i/optuna.db", "i")
-    assert [(t.state.name, t.user_attrs.get("error")) for t in study.get_trials()] == [("FAIL", "interrupted")]
+    # the runs checkpointed on SIGTERM; the trial waits to resume (a retry of the same parameters)
+    saved = sorted((tmp_path / "runs/i/t0000/CartPole-v1__1/checkpoints").glob("ckpt_*.pt"))
+    assert saved, "the interrupted run wrote no checkpoint"
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
+    assert "SIGTERM" in study.user_attrs["error:0"] and study.get_trials()[1].user_attrs["resume_of"] == 0
     again = run_tuner(tmp_path, *args[1:], env={"CLEANRL_TEST_MARKER": marker})
     assert again.returncode == 0, again.stdout + again.stderr
-    assert len(trials_by_state(load(f"sqlite:///{tmp_path}/runs/i/optuna.db", "i"))["COMPLETE"]) == 2
+    study = load(f"sqlite:///{tmp_path}/runs/i/optuna.db", "i")
+    assert [t.state.name for t in lineages(study).values()] == ["COMPLETE", "COMPLETE"]
+    step = int(saved[-1].stem.split("_")[1])
+    assert lineages(study)[0].user_attrs["resumed_from"] == {"i/t0000/CartPole-v1__1": step} and step > 0
