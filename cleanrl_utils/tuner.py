@@ -101,6 +101,8 @@ from cleanrl_utils.tuner_spaces import (  # noqa: F401 (re-exported: tuner.SPACE
 )
 
 REPO = Path(__file__).resolve().parents[1]
+# exit codes of a run stopped by SIGTERM or SIGINT (it wrote a checkpoint): stopped from outside, not failed
+STOPPED = {128 + signal.SIGTERM, -signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGINT}
 
 
 # --------------------------------------------------------------------------------------------
@@ -515,17 +517,8 @@ class Tuner:
         steps = [s for s in steps if reported < s < 100]
         try:
             while any(p.poll() is None for p in procs):
-                if self.interrupted:  # SIGTERM (a preemption, a requeue, Ctrl-C): checkpoint, resume later
-                    for proc in procs:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(proc.pid, signal.SIGTERM)
-                    for proc in procs:
-                        stop_group(proc, signal.SIGTERM, grace=20.0)
-                    heartbeat.stop()
-                    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
-                    line = lose_trial(study, frozen, "its worker was stopped (SIGTERM)", self.max_resumes)
-                    if line:
-                        print(line, flush=True)
+                if self.interrupted:
+                    self.lose(study, trial, procs, heartbeat)
                     return
                 time.sleep(self.poll)
                 for reader in readers:
@@ -545,6 +538,9 @@ class Tuner:
                         study.tell(trial, state=TrialState.PRUNED)
                         print(f"[tuner] trial {trial.number} pruned at {step}% of its budget ({value:.4g})", flush=True)
                         return
+            if self.interrupted or any(p.returncode in STOPPED for p in procs):  # signalled from outside too
+                self.lose(study, trial, procs, heartbeat)
+                return
             for reader in readers:
                 reader.update()
             results = self.results(runs, readers, procs)
@@ -575,6 +571,20 @@ class Tuner:
                 if proc.poll() is None:
                     stop_group(proc, signal.SIGKILL)
             self.write_state(None, [])
+
+    def lose(self, study: optuna.Study, trial: optuna.Trial, procs: list, heartbeat: Heartbeat) -> None:
+        """Stopped from outside (SIGTERM to the worker or its runs: a preemption, a requeue, Ctrl-C): the runs
+        write their checkpoints and the trial waits to be resumed, here or by another worker."""
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            stop_group(proc, signal.SIGTERM, grace=20.0)
+        heartbeat.stop()
+        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+        line = lose_trial(study, frozen, "its worker or runs were stopped (SIGTERM)", self.max_resumes)
+        if line:
+            print(line, flush=True)
 
     def value(self, runs: list[RunSpec], readers: list[ScalarReader], upto: float | None = None) -> float | None:
         """The trial's aggregated normalised score from its runs' points up to ``upto`` of the budget."""

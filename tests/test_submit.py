@@ -20,6 +20,7 @@ from cleanrl_utils import submit_exp
 from tests.conftest import REPO, script_env
 
 PPO = str(REPO / "cleanrl" / "ppo.py")
+FAKE = str(REPO / "tests" / "fake_train.py")
 MULTI = str(REPO / "cleanrl" / "ppo_atari_multigpu.py")
 TINY_MULTI = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2"]
 TINY_MULTI += ["--update-epochs", "1", "--checkpoint-interval", "128"]
@@ -323,6 +324,77 @@ def test_slurm_requeued_task_resumes_from_its_checkpoint(slurm, tmp_path):
     )
     assert f"done: {total:,} steps" in log
     assert torch.load(final_checkpoint(run_dir), weights_only=True)["global_step"] == total
+
+
+def test_slurm_tuner_array_requeued_task_resumes_its_trial(slurm, tmp_path):
+    """Tuner workers as a SLURM array on one study; `scontrol requeue` one task mid-trial: its runs
+    checkpoint on SIGTERM, its trial is resumed (by whichever task is free first) from that checkpoint,
+    and the study ends with every trial counted once."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    space = {
+        "quality": {"low": 0.1, "high": 1.0},
+        "total-timesteps": 2000,
+        "step-time": 0.2,
+        "checkpoint-interval": 500,
+    }
+    (tmp_path / "space.json").write_text(json.dumps(space))
+    tuner = (f"python {REPO}/cleanrl_utils/tuner.py --script {FAKE} --env-ids CartPole-v1 --space space.json "
+             "--storage study.log --study-name sw --num-trials 3 --pruner none --progress-interval 1")  # fmt: skip
+    job = submit(tmp_path, "--command", tuner, "--tasks", "2", "--cpus", "1", "--mem-gb", "1", "--job-name", "sw")
+
+    def study():
+        return optuna.load_study(
+            study_name="sw", storage=JournalStorage(JournalFileBackend(str(tmp_path / "study.log")))
+        )
+
+    def a_trial_of_task_1():  # its worker's pid is in task 1's log; the trial has a checkpoint
+        log = tmp_path / f"runs/sw/slurm/sw_{job}_1.out"
+        if not (tmp_path / "study.log").exists() or not log.exists():
+            return None
+        for t in study().get_trials(states=(optuna.trial.TrialState.RUNNING,)):
+            ckpt = list((tmp_path / f"runs/sw/t{t.number:04d}").glob("*/checkpoints/ckpt_*.pt"))
+            if ckpt and _task_of(t.user_attrs.get("worker", {}).get("pid")) == f"{job}_1":
+                return t
+        return None
+
+    victim = wait_for(a_trial_of_task_1, 120, "task 1 to be mid-trial")
+    subprocess.run(["scontrol", "requeue", f"{job}_1"], check=True)
+
+    def done():
+        trials = study().get_trials()
+        return sum(t.state.name == "COMPLETE" for t in trials) == 3 and not any(
+            t.state.name == "RUNNING" for t in trials
+        )
+
+    try:
+        wait_for(done, 180, "the study to finish")
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    trials = study().get_trials()
+    retry = next(t for t in trials if t.user_attrs.get("resume_of") == victim.number)
+    assert retry.state.name == "COMPLETE" and retry.user_attrs["lineage"] == victim.number
+    ((name, step),) = retry.user_attrs["resumed_from"].items()
+    assert step >= 500 and name == f"sw/t{victim.number:04d}/CartPole-v1__1"
+    log = next((tmp_path / "runs/sw/logs").glob(f"t{victim.number:04d}__*.log")).read_text()
+    assert f"stopped by signal 15 at step {step}" in log and f"resuming after step {step}" in log, log
+    complete = [t.user_attrs.get("lineage", t.number) for t in trials if t.state.name == "COMPLETE"]
+    assert len(complete) == len(set(complete)) == 3 and victim.number in complete  # each trial counted once
+    assert [t.number for t in trials if t.state.name == "FAIL"] == [victim.number]  # only the lost attempt
+
+
+def _task_of(pid: int | None) -> str | None:
+    """The SLURM job (``<array job>_<task>``) a process of this host belongs to, from its environment."""
+    import psutil
+
+    try:
+        env = psutil.Process(pid).environ() if pid else {}
+    except psutil.Error:
+        return None
+    if "SLURM_ARRAY_JOB_ID" not in env:
+        return None
+    return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
 
 
 def test_slurm_time_limit_checkpoints_and_requeues_within_retries(slurm, tmp_path):
