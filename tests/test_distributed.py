@@ -401,3 +401,41 @@ def test_object_collectives_use_the_side_group_and_no_rank_leaves_a_checkpoint_e
         for returned, done in zip(run_records[1]["returned"], written):
             assert returned >= done, f"rank 1 left a checkpoint {done - returned:.2f}s before rank 0 had written it"
     assert "scatter_object_list" in {c["name"] for c in records[1][1]["collectives"]}  # the resume hands out parts
+
+
+# --------------------------------------------------------------------------------------------
+# Elastic resume: a run saved on 2 processes continues on 1 or 4
+# --------------------------------------------------------------------------------------------
+def test_resume_on_another_world_size_continues_every_env(tmp_path):
+    """Saved at 2 ranks, resumed at 1 and at 4: the same global envs, step counter and parameters, and
+    every env's state and next observation exactly as saved (env i stays env i); a world size that
+    does not divide the envs is refused with one line naming the sizes that work."""
+    from cleanrl_utils.checkpoint import content_digest
+
+    checked(torchrun(SCRIPT, *SMALL, "--total-timesteps", "256", "--run-name", "r", cwd=tmp_path))
+    saved = final_checkpoint(tmp_path / "runs/r")
+    assert saved["world_size"] == 2 and saved["global_step"] == 256
+    saved_envs = [content_digest(s) for r in saved["ranks"] for s in r["envs"]["envs"]]
+    saved_obs = torch.cat([r["next_obs"] for r in saved["ranks"]])
+    mid = tmp_path / "mid.pt"
+    mid.write_bytes(next((tmp_path / "runs/r/checkpoints").glob("ckpt_00000256.pt")).read_bytes())
+    for world_size in (1, 4):
+        cwd = tmp_path / f"on{world_size}"
+        cwd.mkdir()
+        proc = checked(torchrun(str(REPO / "tests/record_resume.py"), "cleanrl.ppo_atari_multigpu", "--resume", str(mid),
+                                "--total-timesteps", "384", "--no-cuda", "--no-progress", nproc=world_size, cwd=cwd,
+                                env={"RESUME_RECORD": str(cwd / "record")}))  # fmt: skip
+        assert f"(2 processes -> {world_size})" in proc.stdout + proc.stderr
+        records = [torch.load(cwd / f"record/rank{r}.pt", weights_only=True) for r in range(world_size)]
+        assert [d for rec in records for d in rec["envs"]] == saved_envs  # every env's state, in global order
+        assert torch.equal(torch.cat([rec["first_obs"] for rec in records]), saved_obs.float())
+        assert {rec["parameters_sha256"] for rec in records} == {saved["ranks"][0]["parameters_sha256"]}
+        resumed = final_checkpoint(cwd / "runs/r")
+        assert resumed["world_size"] == world_size and resumed["global_step"] == 384
+        assert [s for r in resumed["ranks"] for s in r["env_seeds"]] == [1, 2, 3, 4]
+        assert len({r["parameters_sha256"] for r in resumed["ranks"]}) == 1
+    proc = torchrun(SCRIPT, "--resume", str(mid), "--total-timesteps", "384", "--no-cuda", nproc=3, cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "exitcode  : 2" in output
+    line = "4 envs in all (saved by 2 processes) do not split among 3 processes; resume on 1, 2, 4 processes"
+    assert output.count(line) == 1, output[-3000:]

@@ -144,8 +144,10 @@ def test_bad_input_exits_2_with_one_line(tmp_path, script, flags, fragment):
 # DISTRIBUTED: 2 processes on gloo.
 
 
-def torchrun(*args: str, cwd, timeout: float = 300, env=None, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *args]
+def torchrun(
+    *args: str, cwd, timeout: float = 300, env=None, check: bool = True, nproc: int = 2
+) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
     proc = subprocess.run(cmd, cwd=cwd, env=script_env(env), capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -185,6 +187,27 @@ def test_two_ranks_keep_equal_networks_and_own_shards(tmp_path, script):
     assert ranks[0]["env_seeds"] != ranks[1]["env_seeds"]
     assert not torch.equal(ranks[0]["replay"]["frames"], ranks[1]["replay"]["frames"])
     assert ckpt["global_step"] == int(flags[flags.index("--total-timesteps") + 1])
+
+
+@pytest.mark.parametrize("script", list(MULTI))
+def test_replay_shards_saved_at_two_ranks_resume_on_one(tmp_path, script):
+    """Saved at 2 ranks with their replay shards, resumed at 1: the one shard holds every transition the
+    two held (env i's ring as column i, none lost, none twice) and goes on filling them."""
+    flags, _ = MULTI[script]
+    torchrun(str(SCRIPTS / script), *flags, "--no-progress", "--checkpoint-buffer", "--run-name", "r", cwd=tmp_path)
+    saved = final_checkpoint(tmp_path / "runs/r")
+    steps, more = saved["ranks"][0]["replay"]["steps"], saved["global_step"] + 200
+    proc = torchrun(str(SCRIPTS / script), "--resume", "runs/r", "--total-timesteps", str(more), "--no-progress",
+                    cwd=tmp_path, nproc=1)  # fmt: skip
+    assert "(2 processes -> 1)" in proc.stdout + proc.stderr
+    resumed = final_checkpoint(tmp_path / "runs/r")
+    assert resumed["world_size"] == 1 and resumed["global_step"] == more
+    (shard,) = (r["replay"] for r in resumed["ranks"])
+    assert shard["steps"] == steps + 100  # 200 more steps of its 2 envs
+    for key in ("frames", "actions", "rewards", "terminations", "valid", "age"):
+        joined = torch.cat([r["replay"][key] for r in saved["ranks"]], dim=1)
+        assert shard[key].shape[1:] == joined.shape[1:] and torch.equal(shard[key][:steps], joined[:steps]), key
+    assert resumed["ranks"][0]["env_seeds"] == [s for r in saved["ranks"] for s in r["env_seeds"]]
 
 
 def test_nan_on_one_rank_stops_every_rank(tmp_path):
