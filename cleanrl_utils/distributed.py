@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
+import json
 import os
 import socket
 import sys
@@ -42,6 +43,7 @@ from cleanrl_utils.checkpoint import CheckpointError
 from cleanrl_utils.run import (
     Run,
     RunError,
+    default_run_name,
     fail,
     find_checkpoint,
     note,
@@ -113,6 +115,7 @@ class Ranks:
     store: Any = None  # this attempt's keys (prefixed) of torchrun's store
     run_store: Any = None  # torchrun's store, unprefixed: it outlives a restart of the workers
     objects: Any = None  # the gloo side group for Python objects and host-level agreements
+    _agents: list[str] | None = None  # this attempt's torchrun agents, until the first checkpoint records them
 
     @classmethod
     def from_env(cls) -> Ranks:
@@ -221,10 +224,13 @@ class Ranks:
         script = Path(script_file).name
         plan: dict[str, Any] = {"error": None, "run_name": None, "path": None}
         parts = None
+        agents = self.gather(agent_identity()) if self.distributed else None
         if self.is_main:
+            run_id = os.environ.get("TORCHELASTIC_RUN_ID")
             restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+            restarted = restarted or same_launch(Path("runs") / default_run_name(args, run_id), agents)
             try:
-                plan["run_name"], path = find_checkpoint(args, os.environ.get("TORCHELASTIC_RUN_ID"), restarted)
+                plan["run_name"], path = find_checkpoint(args, run_id, restarted)
                 saved = read_checkpoint(path, script) if path is not None else None
                 if restarted:  # (with --resume the run's name is the checkpoint's)
                     name = saved["run_name"] if saved is not None else plan["run_name"]
@@ -242,6 +248,7 @@ class Ranks:
         plan = self.broadcast(plan)
         if plan["error"] is not None:
             fail(plan["error"])
+        self._agents = agents
         checkpoint = None
         if plan["path"] is not None:
             checkpoint = self.scatter(parts)
@@ -283,6 +290,9 @@ class Ranks:
                     raise RunError(f"ranks hold different parameters at step {global_step}; not checkpointing")
                 outcome["path"] = str(run.save({**shared, "world_size": self.world_size, "ranks": parts}, global_step))
                 self._record_checkpoint(run.checkpoints.run_name, global_step)
+                if self._agents is not None:  # once per attempt: the agents a membership change restarts
+                    record_launch(Path(outcome["path"]).parent, self._agents)
+                    self._agents = None
             except RunError as e:
                 outcome["error"] = str(e)
         outcome = self.broadcast(outcome)
@@ -339,10 +349,9 @@ class Ranks:
         except Exception:
             silent = None  # the store itself is gone (it lived with a rank that stopped)
         who = f"rank {', '.join(map(str, silent))} stopped answering" if silent else "a rank stopped answering or left"
-        message = (
-            f"error: {who}: no reply within --dist-timeout {self.timeout:g}s at step {global_step}; "
-            f"last good checkpoint: {last or 'none'}"
-        )
+        timed_out = "imed out" in text
+        why = f"no reply within --dist-timeout {self.timeout:g}s" if timed_out else "its connection closed"
+        message = f"error: {who}: {why} at step {global_step}; last good checkpoint: {last or 'none'}"
         live = [r for r in range(self.world_size) if r not in (silent or [])]
         if not live or self.rank == min(live):
             print(message, file=sys.stderr, flush=True)
@@ -358,6 +367,43 @@ class Ranks:
 PER_ENV = ("next_obs", "next_done", "env_seeds")  # one row per env: concatenated in rank order, split again
 DERIVED = ("rng", "action_space_rng")  # a rank's own generators: kept for ranks < N, derived for the others
 COPIED = ("parameters_sha256",)  # equal on every rank (one model)
+
+
+LAUNCH_FILE = "torchrun_agents.json"
+
+
+def agent_identity() -> str:
+    """This worker's torchrun agent as ``host:pid:start time``: the same for every attempt of one launch.
+
+    torchrun restarts its workers after a failure (TORCHELASTIC_RESTART_COUNT counts those) and also
+    when a node joins or leaves (that count stays 0): the agents of such a restart are the same
+    processes, while a new launch of the same command (a requeued job) has new ones.
+    """
+    ppid = os.getppid()
+    try:  # field 22 of /proc/<pid>/stat, the start time, tells a reused pid from the same process
+        started = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "?"
+    return f"{socket.gethostname()}:{ppid}:{started}"
+
+
+def same_launch(run_dir: Path, agents: list[str] | None) -> bool:
+    """Does ``run_dir`` belong to this very torchrun launch (one of its agents wrote its checkpoints)?"""
+    if agents is None:
+        return False
+    try:
+        recorded = json.loads((run_dir / "checkpoints" / LAUNCH_FILE).read_text())["agents"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(set(recorded) & set(agents))
+
+
+def record_launch(directory: Path, agents: list[str]) -> None:
+    """Write the agents of this attempt beside its checkpoints (atomically; best effort)."""
+    tmp = directory / f".{LAUNCH_FILE}.tmp{os.getpid()}"
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps({"agents": sorted(set(agents))}))
+        os.replace(tmp, directory / LAUNCH_FILE)
 
 
 def reshard(parts: list[dict[str, Any]], world_size: int, path: str = "the checkpoint") -> list[dict[str, Any]]:

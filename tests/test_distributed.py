@@ -1,5 +1,6 @@
 """Distributed tier: ppo_atari_multigpu.py under torchrun with 2 processes on gloo (CPU)."""
 
+import contextlib
 import multiprocessing as mp
 import os
 import re
@@ -439,3 +440,56 @@ def test_resume_on_another_world_size_continues_every_env(tmp_path):
     assert proc.returncode != 0 and "exitcode  : 2" in output
     line = "4 envs in all (saved by 2 processes) do not split among 3 processes; resume on 1, 2, 4 processes"
     assert output.count(line) == 1, output[-3000:]
+
+
+def _node(port: int, host: bool, cwd, marker: str, log) -> subprocess.Popen:
+    """One torchrun agent of an elastic launch (1 to 2 nodes of one process each) on localhost."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=1"]
+    cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic"]
+    cmd += [f"--rdzv-conf=is_host={str(host).lower()},last_call_timeout=1", SCRIPT, *SMALL, "--update-epochs", "1"]
+    cmd += ["--total-timesteps", "6144", "--checkpoint-interval", "128", "--run-name", "r"]
+    # torch's shared rendezvous store does not let a node join a running launch (see README)
+    env = script_env({"CLEANRL_TEST_MARKER": marker, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _newest_checkpoint_at(run_dir, world_size: int, after: int, deadline: float) -> int:
+    """Wait for a checkpoint newer than step ``after`` written by ``world_size`` processes; its step."""
+    while True:
+        found = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
+        if found and int(found[-1].stem[5:]) > after:
+            with contextlib.suppress(Exception):  # (a file being replaced while read)
+                ckpt = torch.load(found[-1], weights_only=False, map_location="cpu")
+                if ckpt["world_size"] == world_size:
+                    return ckpt["global_step"]
+        assert time.monotonic() < deadline, f"no checkpoint of {world_size} processes after step {after}"
+        time.sleep(0.2)
+
+
+def test_elastic_launch_continues_when_a_node_joins_and_when_one_is_lost(tmp_path, marker):
+    """torchrun --nnodes=1:2: node A trains alone, node B joins (torchrun restarts the workers at world
+    size 2 without counting a restart), then B is killed and not restarted (one counted restart): the
+    run continues from its newest checkpoint each time and finishes on the remaining node."""
+    import psutil
+
+    port, deadline = _free_port(), time.monotonic() + 200
+    with open(tmp_path / "a.log", "w") as log_a, open(tmp_path / "b.log", "w") as log_b:
+        a = _node(port, True, tmp_path, marker, log_a)
+        try:
+            alone = _newest_checkpoint_at(tmp_path / "runs/r", 1, 0, deadline)
+            b = _node(port, False, tmp_path, marker, log_b)
+            joined = _newest_checkpoint_at(tmp_path / "runs/r", 2, alone, deadline)
+            for proc in [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]:
+                proc.kill()  # the node is lost: its agent and its worker (not in the agent's process group)
+            a.wait(timeout=max(1, deadline - time.monotonic()))
+        finally:
+            for proc in processes_with_marker(marker):
+                proc.kill()
+    out = (tmp_path / "a.log").read_text()
+    assert a.returncode == 0, out[-4000:]
+    assert "holds checkpoints" not in out and "(1 processes -> 2)" in out and "(2 processes -> 1)" in out, out[-4000:]
+    final = final_checkpoint(tmp_path / "runs/r")
+    assert final["world_size"] == 1 and final["global_step"] == 6144 and alone < joined < 6144
+    assert [s for r in final["ranks"] for s in r["env_seeds"]] == [1, 2, 3, 4]
+    time.sleep(0.5)
+    assert processes_with_marker(marker) == []
