@@ -6,6 +6,12 @@
     # 2 nodes x 8 GPUs of data-parallel PPO: torchrun on every node, c10d rendezvous on the first
     python -m cleanrl_utils.submit_exp --backend slurm --nodes 2 --gpus-per-node 8 \\
         --torchrun cleanrl/ppo_atari_multigpu.py --submit -- --env-id BreakoutNoFrameskip-v4 --num-envs 128
+    # elastic: start on 2 to 4 nodes; when a node is lost torchrun goes on with the others (down to 2)
+    python -m cleanrl_utils.submit_exp --backend slurm --nodes 2-4 --gpus-per-node 8 \\
+        --torchrun cleanrl/ppo_atari_multigpu.py --submit -- --env-id BreakoutNoFrameskip-v4 --num-envs 192
+    # continue that run later on another node count (the scripts re-split a run saved on N processes)
+    python -m cleanrl_utils.submit_exp --backend slurm --nodes 3 --gpus-per-node 8 --resume-run runs/cleanrl/run \\
+        --torchrun cleanrl/ppo_atari_multigpu.py --submit -- --env-id BreakoutNoFrameskip-v4 --num-envs 192
     # the same on AWS Batch (the image of ./Dockerfile; the W&B key by reference, never by value)
     python -m cleanrl_utils.submit_exp --backend aws-batch --job-queue gpu-queue --image <ecr-uri> \\
         --secret WANDB_API_KEY=arn:aws:secretsmanager:...:secret:wandb --command "python cleanrl/ppo_atari.py --track" \\
@@ -39,6 +45,7 @@ from typing import Any
 import tyro
 
 from cleanrl_utils.benchmark import check_script_args, exp_name, refusal
+from cleanrl_utils.checkpoint import list_checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = Path("runs") / "submissions"
@@ -64,8 +71,12 @@ class Args:
     """the first seed"""
     torchrun: str | None = None
     """a torchrun script for one multi-node data-parallel run (its flags after --)"""
-    nodes: int = 1
-    """nodes of a --torchrun job"""
+    nodes: str = "1"
+    """nodes of a --torchrun job: N, or MIN-MAX (SLURM: the job takes what it gets in the range, and when a
+    node is lost torchrun continues the run on the nodes left, down to MIN)"""
+    resume_run: str | None = None
+    """a --torchrun job: continue this earlier job's run (e.g. runs/<job-name>/run) instead of starting
+    runs/<job-name>/run; the node count may differ from the one it was saved with"""
     gpus_per_node: int = 0
     """GPUs per node (per grid task); 0: CPU-only"""
     cpus: int = 4
@@ -124,6 +135,7 @@ class Plan:
     argv: list[str]  # the command, without the per-task flags
     tasks: list[Task]
     nproc_per_node: int = 1
+    nodes: tuple[int, int] = (1, 1)  # a --torchrun job's node range (MIN, MAX); MIN == MAX: a fixed count
 
 
 def check(args: Args, extra: list[str]) -> Plan:
@@ -131,10 +143,13 @@ def check(args: Args, extra: list[str]) -> Plan:
         raise SubmitError(f"--backend {args.backend}: must be slurm or aws-batch")
     if (args.command is None) == (args.torchrun is None):
         raise SubmitError("give one of --command (a grid of runs) or --torchrun SCRIPT (one multi-node run)")
-    if args.nodes < 1:
-        raise SubmitError(f"--nodes {args.nodes}: must be at least 1")
-    if args.command is not None and args.nodes != 1:
+    nodes = node_range(args.nodes)
+    if args.command is not None and nodes != (1, 1):
         raise SubmitError(f"--nodes {args.nodes}: a grid's tasks use one node each; --nodes is for --torchrun")
+    if args.command is not None and args.resume_run:
+        raise SubmitError(
+            f"--resume-run {args.resume_run}: for a --torchrun job (a grid's tasks resume their own runs)"
+        )
     if not 0 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:
         raise SubmitError(f"--gpus-per-node {args.gpus_per_node}: a node has 0 to {MAX_GPUS_PER_NODE} GPUs")
     for name in ("num_seeds", "cpus", "mem_gb"):
@@ -178,12 +193,48 @@ def check(args: Args, extra: list[str]) -> Plan:
                 run_name = f"{args.job_name}/{env_id.replace('/', '-')}__{exp_name(argv)}__{seed}"
                 tasks.append(Task(env_id, seed, run_name))
         return Plan("grid", in_image(args, argv), tasks)
+    low, high = nodes
+    if low != high and (args.backend == "aws-batch" or args.one_host):
+        where = "AWS Batch multi-node jobs have" if args.backend == "aws-batch" else "--one-host takes"
+        raise SubmitError(f"--nodes {args.nodes}: {where} one node count; give --nodes N (--resume-run continues a "
+                          "run on another count)")  # fmt: skip
     script = Path(args.torchrun)
     argv = [str(script), *extra]
     nproc = max(1, args.gpus_per_node)
     _, tail = script_in(argv)
-    validate(script, tail, nproc * args.nodes)
-    return Plan("multinode", in_image(args, argv), [Task("", 0, f"{args.job_name}/run")], nproc)
+    for n in range(low, high + 1):  # every world size the job may run at must split the run
+        try:
+            validate(script, tail, nproc * n)
+        except SubmitError as error:
+            if low == high:
+                raise
+            raise SubmitError(f"--nodes {args.nodes}: on {n} nodes ({n * nproc} processes) {error}") from None
+    run_name = f"{args.job_name}/run" if args.resume_run is None else resumed_run(args)
+    return Plan("multinode", in_image(args, argv), [Task("", 0, run_name)], nproc, nodes)
+
+
+def node_range(spec: str) -> tuple[int, int]:
+    """``--nodes``: "N" or "MIN-MAX" as (MIN, MAX)."""
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", spec.strip())
+    if match is None:
+        raise SubmitError(f"--nodes {spec}: must be N or MIN-MAX (e.g. 2-4)")
+    low, high = int(match[1]), int(match[2] or match[1])
+    if low < 1:
+        raise SubmitError(f"--nodes {spec}: must be at least 1")
+    if high < low:
+        raise SubmitError(f"--nodes {spec}: MIN must not exceed MAX")
+    return low, high
+
+
+def resumed_run(args: Args) -> str:
+    """``--resume-run``: the run's name under runs/ (SLURM: it must hold a checkpoint here, the shared runs/)."""
+    name = Path(args.resume_run.rstrip("/"))
+    name = Path(*name.parts[1:]) if name.parts and name.parts[0] == "runs" else name
+    if name.is_absolute() or ".." in name.parts or not name.parts:
+        raise SubmitError(f"--resume-run {args.resume_run}: must name a run directory under runs/")
+    if args.backend == "slurm" and not list_checkpoints(Path("runs") / name / "checkpoints"):
+        raise SubmitError(f"--resume-run {args.resume_run}: runs/{name.as_posix()} holds no checkpoint")
+    return name.as_posix()
 
 
 def in_image(args: Args, argv: list[str]) -> list[str]:
@@ -290,8 +341,13 @@ def slurm_script(args: Args, plan: Plan, workdir: Path) -> str:
             '--run-name "$RUN" --no-progress "${resume[@]}")'
         )
     else:
-        tasks = f"#SBATCH --ntasks={args.nodes}" + ("" if args.one_host else f"\n#SBATCH --nodes={args.nodes}")
-        lines += [tasks, "#SBATCH --ntasks-per-node=1" if not args.one_host else "#SBATCH --nodes=1"]
+        low, high = plan.nodes
+        if args.one_host:
+            lines += [f"#SBATCH --ntasks={low}", "#SBATCH --nodes=1"]
+        elif low == high:
+            lines += [f"#SBATCH --ntasks={low}", f"#SBATCH --nodes={low}", "#SBATCH --ntasks-per-node=1"]
+        else:  # a node range: one task per node it gets, and a lost node does not end the job
+            lines += [f"#SBATCH --nodes={low}-{high}", "#SBATCH --ntasks-per-node=1", "#SBATCH --no-kill"]
         lines += [f"#SBATCH --cpus-per-task={args.cpus}", f"#SBATCH --output={logs}/%x_%j.out"]
         if args.gpus_per_node:
             lines.append(f"#SBATCH --gpus-per-node={args.gpus_per_node}")
@@ -299,10 +355,14 @@ def slurm_script(args: Args, plan: Plan, workdir: Path) -> str:
         lines.append('head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
         lines.append("port=$((29400 + SLURM_JOB_ID % 1000))")
         lines += [f"RUN={shlex.quote(plan.tasks[0].run_name)}", RESUME_IF_CHECKPOINT]
-        # one torchrun per node (task); they meet at the first host; torchrun restarts a failed worker group
+        # one torchrun per node (task); they meet at the first host; torchrun restarts a failed worker group,
+        # and in a node range it goes on with the nodes left (down to MIN) from the run's newest checkpoint
+        srun, nnodes = "srun --kill-on-bad-exit=1", '"$SLURM_NTASKS"'
+        if low != high:
+            srun, nnodes = "srun --no-kill --kill-on-bad-exit=0", f'{low}:"$SLURM_JOB_NUM_NODES"'
         lines.append(
-            "cmd=(srun --kill-on-bad-exit=1 --label python -m torch.distributed.run "
-            f'--nnodes="$SLURM_NTASKS" --nproc-per-node={plan.nproc_per_node} --rdzv-backend=c10d '
+            f"cmd=({srun} --label python -m torch.distributed.run "
+            f"--nnodes={nnodes} --nproc-per-node={plan.nproc_per_node} --rdzv-backend=c10d "
             f'--rdzv-endpoint="$head:$port" --rdzv-id="$SLURM_JOB_ID" --max-restarts={args.retries} '
             f'{shlex.join(plan.argv)} --run-name "$RUN" --no-progress "${{resume[@]}}")'
         )
@@ -375,7 +435,7 @@ def job_definition(args: Args, plan: Plan) -> dict[str, Any]:
         container["environment"].append({"name": "CLEANRL_NPROC_PER_NODE", "value": str(plan.nproc_per_node)})
         definition["type"] = "multinode"
         definition["nodeProperties"] = {
-            "numNodes": args.nodes,
+            "numNodes": plan.nodes[0],
             "mainNode": 0,
             "nodeRangeProperties": [{"targetNodes": "0:", "container": container}],
         }
@@ -425,7 +485,12 @@ def job_request(args: Args, plan: Plan, definition: str) -> dict[str, Any]:
         grid = " ".join(f"{t.env_id}|{t.seed}|{t.run_name}" for t in plan.tasks)
         request["containerOverrides"] = {"environment": [{"name": "CLEANRL_GRID", "value": grid}]}
     elif plan.kind == "multinode":
-        request["nodeOverrides"] = {"numNodes": args.nodes}
+        request["nodeOverrides"] = {"numNodes": plan.nodes[0]}
+        if args.resume_run:  # the entrypoint continues this run instead of runs/<job-name>-<job id>/run
+            env = [{"name": "CLEANRL_RUN", "value": plan.tasks[0].run_name}]
+            request["nodeOverrides"]["nodePropertyOverrides"] = [
+                {"targetNodes": "0:", "containerOverrides": {"environment": env}}
+            ]
     return request
 
 
@@ -528,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(job_request(args, plan, args.job_name), indent=2))
                 return 0
             job_ids, arn = submit_aws(args, plan, batch_client(args))
-            for task in plan.tasks:  # the entrypoint keys run directories by the job: runs/<name>-<job id>/...
+            for task in plan.tasks if not args.resume_run else []:  # the entrypoint keys runs by the job
                 task.run_name = f"{args.job_name}-{job_ids[0]}/{task.run_name.split('/', 1)[1]}"
             path = write_manifest(args, plan, job_ids, {"job_definition": arn})
         print(f"submitted {args.job_name}: job {' '.join(job_ids)} ({len(plan.tasks)} runs); manifest {path}")

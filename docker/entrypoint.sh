@@ -9,7 +9,9 @@
 #   anything else runs as given.
 #
 # Run directories are keyed by the job (runs/<job-name>-<job-id>/...): a retried attempt has the same
-# job id, finds its checkpoint on the shared runs/ volume and continues with --resume.
+# job id, finds its checkpoint on the shared runs/ volume and continues with --resume. CLEANRL_RUN
+# (submit_exp.py --resume-run) names an earlier multi-node job's run to continue instead, on this
+# job's node count (the scripts re-split a run saved on another number of processes).
 set -euo pipefail
 cd "${CLEANRL_WORKDIR:-/workspace}"
 job_name="${CLEANRL_JOB_NAME:-cleanrl}"
@@ -19,10 +21,10 @@ resume_if_checkpoint() {
     if compgen -G "runs/$1/checkpoints/ckpt_*.pt" >/dev/null; then resume=(--resume "runs/$1"); fi
 }
 
-if [ "${AWS_BATCH_JOB_NUM_NODES:-1}" -gt 1 ]; then
+if [ -n "${AWS_BATCH_JOB_NUM_NODES:-}" ]; then  # (set for multi-node parallel jobs only, of any size)
     job_id="${AWS_BATCH_JOB_ID%%#*}"
     main="${AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS:-$(hostname -i | awk '{print $1}')}"
-    run="$job_name-$job_id/run"
+    run="${CLEANRL_RUN:-$job_name-$job_id/run}"
     resume_if_checkpoint "$run"
     echo "node ${AWS_BATCH_JOB_NODE_INDEX:-0} of $AWS_BATCH_JOB_NUM_NODES, rendezvous $main:${CLEANRL_RDZV_PORT:-29400}, run $run"
     exec python -m torch.distributed.run --nnodes="$AWS_BATCH_JOB_NUM_NODES" \

@@ -79,6 +79,28 @@ def test_slurm_dry_run_is_complete_and_stable(tmp_path, monkeypatch, capsys):
     assert re.search(r"srun .*torch.distributed.run --nnodes=\"\$SLURM_NTASKS\" --nproc-per-node=8 "
                      r"--rdzv-backend=c10d --rdzv-endpoint=\"\$head:\$port\"", text)  # fmt: skip
     assert f'{MULTI} --num-envs 128 --run-name "$RUN"' in text
+    assert "--no-kill" not in text and "srun --kill-on-bad-exit=1" in text  # a fixed count: a lost node ends it
+
+
+def test_slurm_node_range_continues_on_the_nodes_it_gets(tmp_path, monkeypatch, capsys):
+    """--nodes 2-4: SLURM may start the job on 2 to 4 nodes and keeps it when one is lost (--no-kill, the
+    other tasks go on), torchrun accepts 2 up to the nodes allocated; every world size in the range is
+    checked against the run's sizes."""
+    monkeypatch.chdir(tmp_path)
+    multi = ["--torchrun", MULTI, "--nodes", "2-4", "--gpus-per-node", "2", "--job-name", "m", "--", "--num-envs", "48"]
+    assert submit_exp.main(multi) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for line in ["#SBATCH --nodes=2-4", "#SBATCH --ntasks-per-node=1", "#SBATCH --no-kill", "#SBATCH --requeue"]:
+        assert line in lines, line
+    assert not any(line.startswith("#SBATCH --ntasks=") for line in lines)  # one task per node it gets
+    cmd = next(line for line in lines if line.startswith("cmd=("))
+    assert cmd.startswith("cmd=(srun --no-kill --kill-on-bad-exit=0 --label python -m torch.distributed.run ")
+    assert '--nnodes=2:"$SLURM_JOB_NUM_NODES" --nproc-per-node=2' in cmd and "--max-restarts=2" in cmd
+    assert submit_exp.main([*multi[:-1], "32"]) == 2  # 32 envs do not split among 3 nodes x 2 processes
+    err = capsys.readouterr().err
+    assert err.startswith("error: --nodes 2-4: on 3 nodes (6 processes) ppo_atari_multigpu.py: --num-envs 32") and (
+        err.count("\n") == 1
+    ), err
 
 
 def test_tuner_workers_are_an_array_of_the_same_command(tmp_path, monkeypatch, capsys):
@@ -112,6 +134,20 @@ def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
     assert {"name": "CLEANRL_NPROC_PER_NODE", "value": "4"} in container["environment"]
     assert definition["retryStrategy"]["evaluateOnExit"][0] == {"onStatusReason": "Host EC2*", "action": "RETRY"}
     assert "sk-not-to-be-seen" not in out
+    assert "nodePropertyOverrides" not in out  # a new run: runs/<job-name>-<job id>/run
+
+    # continuing that run on another node count: one job request, the entrypoint told which run
+    assert submit_exp.main([*argv, "--nodes", "3", "--resume-run", "runs/m-abc/run/", "--", "--num-envs", "48"]) == 0
+    request = json.loads(capsys.readouterr().out.split("# and the job; --submit to submit")[1])
+    assert request["nodeOverrides"] == {
+        "numNodes": 3,
+        "nodePropertyOverrides": [
+            {
+                "targetNodes": "0:",
+                "containerOverrides": {"environment": [{"name": "CLEANRL_RUN", "value": "m-abc/run"}]},
+            }
+        ],
+    }
 
 
 @pytest.mark.parametrize(
@@ -121,6 +157,12 @@ def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
         (["--backend", "aws-batch", "--image", "i", "--command", f"python {PPO}", "--env-ids", "CartPole-v1"],
          "--job-queue: required"),
         (["--torchrun", MULTI, "--nodes", "0"], "--nodes 0: must be at least 1"),
+        (["--torchrun", MULTI, "--nodes", "4-2"], "--nodes 4-2: MIN must not exceed MAX"),
+        (["--torchrun", MULTI, "--nodes", "2:4"], "--nodes 2:4: must be N or MIN-MAX"),
+        (["--backend", "aws-batch", "--job-queue", "q", "--image", "i", "--torchrun", MULTI, "--nodes", "2-3"],
+         "--nodes 2-3: AWS Batch multi-node jobs have one node count"),
+        (["--torchrun", MULTI, "--resume-run", "runs/gone/run"], "--resume-run runs/gone/run: runs/gone/run holds no"),
+        (["--torchrun", MULTI, "--resume-run", "../elsewhere"], "--resume-run ../elsewhere: must name a run directory"),
         (["--torchrun", MULTI, "--gpus-per-node", "17"], "--gpus-per-node 17: a node has 0 to 16 GPUs"),
         (["--command", "python train.py", "--env-ids", "CartPole-v1"], "train.py: not a script of this project"),
         (["--command", f"python {PPO} --learning-rat 1", "--env-ids", "CartPole-v1"],
@@ -433,6 +475,16 @@ def test_slurm_multinode_template_on_one_host(slurm, tmp_path):
     assert "0: done: 256 steps" in log, log[-2000:]
     rank_digests_agree(final_checkpoint(tmp_path / "runs/mn/run"))
 
+    # that run continued by a node-range job, which gets the cluster's one node: 2 processes -> 1
+    more = [*TINY_MULTI[:5], "384", *TINY_MULTI[6:]]  # (--total-timesteps 384)
+    job = submit(tmp_path, "--torchrun", MULTI, "--nodes", "1-2", "--resume-run", "runs/mn/run", "--cpus", "1",
+                 "--mem-gb", "2", "--job-name", "mr", "--", *more)  # fmt: skip
+    wait_for(lambda: queue_empty(job), 240, "the node-range job to finish")
+    log = (tmp_path / f"runs/mr/slurm/mr_{job}.out").read_text()
+    assert "(2 processes -> 1)" in log and "0: done: 384 steps" in log, log[-2000:]
+    final = final_checkpoint(tmp_path / "runs/mn/run")
+    assert torch.load(final, weights_only=True)["world_size"] == 1 and final.name == "ckpt_00000384.pt"
+
 
 # --------------------------------------------------------------------------------------------
 # AWS Batch against a local moto server
@@ -565,6 +617,18 @@ def test_entrypoint_starts_two_nodes_that_train_together(tmp_path):
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-3000:]
     assert "node 0 of 2" in outs[0] and "node 1 of 2, rendezvous 127.0.0.2" in outs[1]
     rank_digests_agree(final_checkpoint(tmp_path / "runs/e-job123/run"))
+
+    # a later one-node job continues that run (submit_exp.py --resume-run): 2 processes -> 1
+    env = script_env({"AWS_BATCH_JOB_NUM_NODES": "1", "AWS_BATCH_JOB_NODE_INDEX": "0", "AWS_BATCH_JOB_ID": "job456#0",
+                      "CLEANRL_WORKDIR": str(tmp_path), "CLEANRL_JOB_NAME": "e", "CLEANRL_RDZV_PORT": str(free_port()),
+                      "CLEANRL_RUN": "e-job123/run"})  # fmt: skip
+    more = [*TINY_MULTI[:5], "384", *TINY_MULTI[6:]]  # (--total-timesteps 384)
+    proc = subprocess.run(["bash", str(ENTRYPOINT), MULTI, *more], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "node 0 of 1" in out and "(2 processes -> 1)" in out, out[-3000:]
+    final = torch.load(final_checkpoint(tmp_path / "runs/e-job123/run"), weights_only=True)
+    assert final["world_size"] == 1 and final["global_step"] == 384 and not (tmp_path / "runs/e-job456").exists()
 
 
 def test_entrypoint_runs_its_grid_task(tmp_path):
