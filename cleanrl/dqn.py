@@ -45,7 +45,16 @@ from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, interval_crossed, report_and_exit, require_positive, setup_run
+from cleanrl_utils.run import (
+    RUN_ERRORS,
+    Run,
+    fail,
+    interval_crossed,
+    report_and_exit,
+    require_positive,
+    setup_run,
+    warn_if_no_learning,
+)
 
 
 @dataclass
@@ -68,6 +77,8 @@ class Args:
     """the W&B entity (team); None for the key's default"""
     capture_video: bool = False
     """if toggled, record videos of env 0 into runs/<run-name>/videos"""
+    save_model: bool = False
+    """at the end, save the model as runs/<run-name>/<exp-name>.cleanrl_model and evaluate it (10 episodes)"""
     run_name: str | None = None
     """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
     checkpoint_interval: int = 25_000
@@ -129,8 +140,7 @@ def validate(args: Args) -> None:
         fail(f"--buffer-size {args.buffer_size}: must hold at least 4 steps of every env ({args.num_envs * 4})")
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
-    if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
+    warn_if_no_learning(args)
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
     check_env_id(args.env_id)
@@ -328,6 +338,8 @@ def main() -> None:
                 path = run.save(state, global_step)
                 if run.stop.signum:
                     run.exit_on_signal(run.stop.signum, path, global_step)
+        if args.save_model:  # the final checkpoint's weights, evaluated by cleanrl_utils/enjoy.py
+            run.save_model(["model"], epsilon=args.end_e)
     except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     finally:

@@ -44,7 +44,7 @@ from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvPoolGames, EpisodeVideo, envpool_atari_task
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, setup_run
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_batch, require_positive, setup_run
 
 
 @dataclass
@@ -133,16 +133,7 @@ def validate(args: Args) -> None:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
     if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        fail(
-            f"--num-minibatches {args.num_minibatches}: must divide the batch size num_envs * num_steps = {batch_size}"
-        )
-    if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps}: must be at least one iteration, "
-            f"num_envs * num_steps = {batch_size}"
-        )
+    require_batch(args)
     envpool_atari_task(args.env_id)  # an EnvPool Atari id, or an ALE id of the same game
 
 

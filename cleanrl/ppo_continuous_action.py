@@ -37,7 +37,7 @@ from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, setup_run
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_batch, require_positive, setup_run
 
 
 @dataclass
@@ -60,6 +60,8 @@ class Args:
     """the W&B entity (team); None for the key's default"""
     capture_video: bool = False
     """if toggled, record videos of env 0 into runs/<run-name>/videos"""
+    save_model: bool = False
+    """at the end, save the model as runs/<run-name>/<exp-name>.cleanrl_model and evaluate it (10 episodes)"""
     run_name: str | None = None
     """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<unix-time>"""
     checkpoint_interval: int = 100_000
@@ -124,16 +126,7 @@ def validate(args: Args) -> None:
         fail(f"--gae-lambda {args.gae_lambda}: must be in [0, 1]")
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        fail(
-            f"--num-minibatches {args.num_minibatches}: must divide the batch size num_envs * num_steps = {batch_size}"
-        )
-    if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps}: must be at least one iteration, "
-            f"num_envs * num_steps = {batch_size}"
-        )
+    require_batch(args)
     check_env_id(args.env_id)
 
 
@@ -408,6 +401,8 @@ def main() -> None:
                 path = run.save(state, global_step)
                 if run.stop.signum:
                     run.exit_on_signal(run.stop.signum, path, global_step)
+        if args.save_model:  # the final checkpoint's weights, evaluated by cleanrl_utils/enjoy.py
+            run.save_model(["model", "obs_rms"])
     except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     finally:

@@ -62,7 +62,7 @@ from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, para
 from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
+from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, warn_if_no_learning
 
 
 @dataclass
@@ -157,8 +157,7 @@ def validate(args: Args, ranks: Ranks) -> None:
         fail(f"--buffer-size {args.buffer_size}: must hold at least 3 steps of every env ({args.num_envs * 3})")
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
-    if args.total_timesteps <= args.learning_starts:
-        fail(f"--total-timesteps {args.total_timesteps}: must exceed --learning-starts {args.learning_starts}")
+    warn_if_no_learning(args)
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
     check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)

@@ -181,7 +181,15 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, iterati
     Raises :class:`CheckpointError` (one line, the cause) when the write fails; the previous files stay.
     """
     directory = Path(directory)
-    final = checkpoint_path(directory, iteration)
+    final = write_state(state, checkpoint_path(directory, iteration))
+    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def write_state(state: dict[str, Any], final: Path) -> Path:
+    """Write ``state`` (with its layout version and digest) to ``final`` atomically and durably."""
+    directory = final.parent
     tmp = directory / f".{final.name}.tmp{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -202,8 +210,6 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, iterati
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
     return final
 
 

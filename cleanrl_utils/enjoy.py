@@ -26,6 +26,7 @@ import tyro
 
 from cleanrl_utils.benchmark import load_script
 from cleanrl_utils.checkpoint import CheckpointError, load_checkpoint, resolve_resume
+from cleanrl_utils.envs import register_env_family
 
 REPO = Path(__file__).resolve().parents[1]
 DISCRETE_PPO = {"ppo", "appo"}
@@ -115,6 +116,7 @@ def evaluate(checkpoint_path: str | Path, episodes: int, seed: int, greedy: bool
     module = load_script(REPO / "cleanrl" / script)
     args = checkpoint["args"]
     video_dir = str(path.parent.parent / "eval_videos")
+    register_env_family(args["env_id"])  # (dm_control/* ids)
     env = module.make_env(args["env_id"], 0, capture_video, video_dir)()
     rng = np.random.default_rng(seed)
     act = make_policy(name, module, checkpoint, env, greedy, epsilon, rng)

@@ -112,6 +112,15 @@ def _layers(env: Any) -> list[Any]:
     return layers
 
 
+def register_env_family(env_id: str) -> None:
+    """Register the optional family an env id names: ``dm_control/<domain>-<task>-v0`` through shimmy (the
+    ``dm_control`` extra), as CleanRL names them. Call it where envs are made (also in worker processes)."""
+    if env_id.startswith("dm_control/") and env_id not in gym.registry:
+        import shimmy  # registers dm_control/* with gymnasium on import
+
+        gym.register_envs(shimmy)
+
+
 def check_env_id(env_id: str, atari: bool = False) -> None:
     """``--env-id`` must name a registered gymnasium env (``module:Env-v0`` imports the module that
     registers it, as ``gym.make`` does); with ``atari``, an ALE one. One line and exit 2 otherwise."""
@@ -119,6 +128,10 @@ def check_env_id(env_id: str, atari: bool = False) -> None:
     try:
         if module:
             importlib.import_module(module)
+        try:
+            register_env_family(name)
+        except ImportError:
+            fail(f"--env-id {env_id}: dm_control envs need the dm_control extra (pip install -e '.[dm_control]')")
         spec = gym.spec(name)
     except (ImportError, gym.error.Error) as e:
         fail(f"--env-id {env_id}: not a registered gymnasium environment ({e})")

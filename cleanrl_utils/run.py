@@ -35,7 +35,14 @@ from typing import Any, NoReturn, TypeVar
 
 import tyro
 
-from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, resolve_resume, save_checkpoint
+from cleanrl_utils.checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+    write_state,
+)
 
 T = TypeVar("T")
 
@@ -59,9 +66,13 @@ LAUNCH_FLAGS = frozenset(
         "resume",
     }
 )
+# A single-process run writes a checkpoint at least this often (seconds of wall clock), whatever its
+# --checkpoint-interval: a preempted tuner trial or grid task loses at most this much (see
+# benchmark/checkpoint_overhead.py for what a checkpoint costs).
+CHECKPOINT_SECONDS = 300.0
 # Flags about what the run writes, not how it learns: on --resume they keep the checkpoint's value
 # unless the new command line gives one.
-OUTPUT_FLAGS = frozenset({"checkpoint_interval", "checkpoint_buffer", "capture_video"})
+OUTPUT_FLAGS = frozenset({"checkpoint_interval", "checkpoint_buffer", "capture_video", "save_model"})
 
 
 def is_main_process() -> bool:
@@ -86,6 +97,26 @@ def require_positive(args: Any, *names: str) -> None:
             fail(f"{_flag(name)} {value}: must be a positive integer")
         if isinstance(value, float) and not value > 0:
             fail(f"{_flag(name)} {value}: must be > 0")
+
+
+def require_batch(args: Any) -> None:
+    """PPO's rollout batch (num_envs * num_steps) splits into --num-minibatches and fits --total-timesteps."""
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        fail(
+            f"--num-minibatches {args.num_minibatches}: must divide the batch size num_envs * num_steps = {batch_size}"
+        )
+    if args.total_timesteps < batch_size:
+        fail(
+            f"--total-timesteps {args.total_timesteps}: must be at least one iteration, num_envs * num_steps = {batch_size}"
+        )
+
+
+def warn_if_no_learning(args: Any) -> None:
+    """Off-policy scripts: a budget within --learning-starts (CleanRL's smoke tests) only collects experience."""
+    if args.total_timesteps <= args.learning_starts:
+        note(f"warning: --total-timesteps {args.total_timesteps} <= --learning-starts {args.learning_starts}: "
+             "the run only collects experience, no gradient step will be taken")  # fmt: skip
 
 
 def note(message: str) -> None:
@@ -496,6 +527,8 @@ class Run:
         self.monitor = ResourceMonitor(device)
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.start_step, self.start_time = global_step, time.perf_counter()
+        self.saved_at = self.start_time  # when the last checkpoint was written (or the run started)
+        self.trained_at: float | None = None  # when training ended, if an evaluation followed
 
     @property
     def last_checkpoint(self) -> Path | None:
@@ -526,11 +559,37 @@ class Run:
         ``signum`` is this process's ``stop.signum``, or under torchrun the one all ranks agreed on:
         never read the flag twice, a signal arriving in between would make the ranks disagree.
         """
-        return final or bool(signum) or interval_crossed(global_step, steps_done, self.args.checkpoint_interval)
+        if final or signum or interval_crossed(global_step, steps_done, self.args.checkpoint_interval):
+            return True
+        # one process (a tuner trial, a grid task): also every CHECKPOINT_SECONDS, so that a preemption loses
+        # at most that much of a slow run (torchrun ranks would have to agree on the clock: they do not)
+        interval = self.args.checkpoint_interval  # (0: no periodic checkpoints at all)
+        return interval > 0 and self.ranks is None and time.perf_counter() - self.saved_at >= CHECKPOINT_SECONDS
 
     def save(self, state: dict[str, Any], global_step: int) -> Path:
         """Write ``state`` (plus the W&B id) as this run's checkpoint at ``global_step``."""
-        return self.checkpoints.save({**state, "wandb_id": self.wandb_id}, global_step)
+        path = self.checkpoints.save({**state, "wandb_id": self.wandb_id}, global_step)
+        self.saved_at = time.perf_counter()
+        return path
+
+    def save_model(self, keys: list[str], epsilon: float = 0.0, episodes: int = 10) -> Path:
+        """``--save-model`` (CleanRL's meaning), after the final checkpoint: its ``keys`` (the weights) as
+        runs/<run>/<exp-name>.cleanrl_model, evaluated for ``episodes`` episodes by cleanrl_utils/enjoy.py
+        (each return logged as eval/episodic_return at step 0, 1, ...)."""
+        from cleanrl_utils.enjoy import evaluate
+
+        self.trained_at = time.perf_counter()
+        path = self.run_dir / f"{self.args.exp_name}.cleanrl_model"
+        try:
+            final = load_checkpoint(self.checkpoints.last)
+            write_state({k: final[k] for k in ("script", "args", "run_name", *keys)}, path)
+        except CheckpointError as e:
+            raise RunError(str(e)) from None
+        note(f"model saved to {path}; evaluating it for {episodes} episodes")
+        returns = evaluate(path, episodes, seed=self.args.seed, greedy=False, epsilon=epsilon)
+        for i, episodic_return in enumerate(returns):
+            self.writer.add_scalar("eval/episodic_return", episodic_return, i)
+        return path
 
     def exit_on_signal(self, signum: int, path: Path | None, global_step: int) -> NoReturn:
         """After the checkpoint a signal asked for: say where it is and exit with 128 + the signal number."""
@@ -553,7 +612,7 @@ class Run:
         """One line at the end of a run: what it did, how fast, how well, and where to look."""
         if not self.is_main:
             return
-        seconds = time.perf_counter() - self.start_time
+        seconds = (self.trained_at or time.perf_counter()) - self.start_time  # (not the --save-model evaluation)
         steps = global_step - self.start_step
         returns = list(self.recent_returns)
         score = (

@@ -126,7 +126,7 @@ RULES = [
     ("dqn_atari.py", ["--buffer-size", "100000000"], "--buffer-size 100000000: the replay needs"),
     ("sac_continuous_action.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: needs a continuous (Box)"),
     ("sac_continuous_action.py", ["--tau", "0"], "--tau 0.0: must be in (0, 1]"),
-    ("sac_continuous_action.py", ["--total-timesteps", "100"], "--total-timesteps 100: must exceed --learning-starts"),
+    ("sac_continuous_action.py", ["--gamma", "0"], "--gamma 0.0: must be in (0, 1]"),
     ("dqn_atari_multigpu.py", ["--batch-size", "0"], "--batch-size 0: must be a positive integer"),
     ("sac_continuous_action_multigpu.py", ["--backend", "nccl", "--no-cuda"], "--backend nccl: needs CUDA"),
 ]

@@ -122,3 +122,21 @@ def test_interrupted_run_checkpoints_and_resumes(tmp_path, marker):
     assert 0 < stopped["global_step"] < 200000
     saved_args = stopped["args"]  # what --resume runs/r would continue with
     assert saved_args["total_timesteps"] == 200000 and saved_args["vector_mode"] == "async"
+
+
+def test_a_single_process_run_checkpoints_at_least_every_few_minutes():
+    """A slow run (a tuner trial on Atari at a few hundred SPS) writes a checkpoint CHECKPOINT_SECONDS after
+    its last one even between --checkpoint-interval steps; torchrun ranks (no agreed clock) and
+    --checkpoint-interval 0 (no periodic checkpoints) do not."""
+    from types import SimpleNamespace
+
+    from cleanrl_utils.run import CHECKPOINT_SECONDS, Run
+
+    def due(saved_ago: float, interval: int = 500_000, ranks=None) -> bool:
+        run = SimpleNamespace(args=SimpleNamespace(checkpoint_interval=interval), ranks=ranks,
+                              saved_at=time.perf_counter() - saved_ago)  # fmt: skip
+        return Run.checkpoint_due(run, 1024, 8, False, None)
+
+    assert not due(CHECKPOINT_SECONDS - 5) and due(CHECKPOINT_SECONDS + 1)
+    assert not due(CHECKPOINT_SECONDS + 1, interval=0) and not due(CHECKPOINT_SECONDS + 1, ranks=object())
+    assert due(0, interval=1024)  # the step interval still applies
