@@ -3,10 +3,11 @@
     python benchmark/ppo_throughput.py --section atari      # Breakout, 8 envs
     python benchmark/ppo_throughput.py --section cartpole   # ppo.py against Stable-Baselines3
 
-Atari: env-only stepping (gymnasium sync, gymnasium async, EnvPool: the scripts' own env
-factories, random actions), learner-only update throughput (the ppo_atari.py network, loss and
-optimizer on a random rollout of the same size, same epochs and minibatches), and full training
-of ppo_atari.py (sync, async) and ppo_atari_envpool.py with their perf/* breakdown. Each
+Atari: env-only stepping (gymnasium sync, gymnasium async, EnvPool, ALE's AtariVectorEnv: the
+scripts' own env factories, random actions), learner-only update throughput (the ppo_atari.py
+network, loss and optimizer on a random rollout of the same size, same epochs and minibatches), and
+full training of ppo_atari.py (sync, async) and ppo_atari_envpool.py (EnvPool, ALE) with their perf/*
+breakdown. Each
 script's training SPS is compared with the slower of its two limits (its env backend alone, the
 learner alone).
 
@@ -45,18 +46,18 @@ def env_only_sps(kind: str, num_envs: int, steps: int) -> float:
     from gymnasium.vector import AutoresetMode
 
     rng = np.random.default_rng(0)
-    if kind == "envpool":
+    if kind in ("envpool", "ale"):
         from cleanrl.ppo_atari_envpool import make_envs
 
-        envs = make_envs("Breakout-v5", num_envs, seed=1, num_threads=0, capture_video=False)
+        envs = make_envs("Breakout-v5", num_envs, seed=1, num_threads=0, capture_video=False, vector_mode=kind)
     else:
         from cleanrl.ppo_atari import make_env
 
         fns = [make_env("BreakoutNoFrameskip-v4", i, False, "") for i in range(num_envs)]
         cls = gym.vector.SyncVectorEnv if kind == "sync" else gym.vector.AsyncVectorEnv
         envs = cls(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
-    envs.reset(seed=1) if kind != "envpool" else envs.reset()
-    dtype = np.int32 if kind == "envpool" else np.int64
+    envs.reset(seed=1) if kind in ("sync", "async") else envs.reset()
+    dtype = np.int64 if kind in ("sync", "async") else np.int32
     actions = rng.integers(0, envs.single_action_space.n, size=(steps, num_envs)).astype(dtype)
     for a in actions[:20]:
         envs.step(a)
@@ -145,7 +146,7 @@ def train(script: str, flags: list[str], env: dict[str, str] | None = None) -> d
 def atari(args: argparse.Namespace) -> None:
     n, t, e, m = args.num_envs, args.num_steps, args.update_epochs, args.num_minibatches
     print(f"Breakout, {n} envs x {t} steps, {e} epochs x {m} minibatches, {os.cpu_count()} CPUs, torch threads default")
-    env_sps = {kind: env_only_sps(kind, n, args.env_steps) for kind in ("sync", "async", "envpool")}
+    env_sps = {kind: env_only_sps(kind, n, args.env_steps) for kind in ("sync", "async", "envpool", "ale")}
     learner_samples = learner_only(n, t, e, m)
     learner_sps = learner_samples / e
     flags = ["--num-envs", str(n), "--num-steps", str(t), "--update-epochs", str(e), "--num-minibatches", str(m)]
@@ -154,27 +155,25 @@ def atari(args: argparse.Namespace) -> None:
         "ppo_atari.py sync": (train("ppo_atari.py", flags), "sync"),
         "ppo_atari.py async": (train("ppo_atari.py", [*flags, "--vector-mode", "async"]), "async"),
         "ppo_atari_envpool.py": (train("ppo_atari_envpool.py", flags), "envpool"),
+        "ppo_atari_envpool.py ale": (train("ppo_atari_envpool.py", [*flags, "--vector-mode", "ale"]), "ale"),
     }
 
     print("\nLimits (measured in this run)")
     print(f"| {'what':34} | {'steps/s':>9} |")
     print(f"|{'-' * 36}|{'-' * 11}|")
+    names = {"sync": "gymnasium sync", "async": "gymnasium async", "envpool": "EnvPool", "ale": "ALE AtariVectorEnv"}
     for kind, sps in env_sps.items():
-        print(
-            f"| env-only, gymnasium {kind:14} | {sps:9.0f} |"
-            if kind != "envpool"
-            else f"| env-only, EnvPool {'':16} | {sps:9.0f} |"
-        )
+        print(f"| env-only, {names[kind]:24} | {sps:9.0f} |")
     print(f"| learner-only ({learner_samples:.0f} samples/s / {e} ep) | {learner_sps:9.0f} |")
 
     print("\nTraining")
-    header = f"| {'script':22} | {'SPS':>6} | {'env s/it':>8} | {'infer s/it':>10} | {'learn s/it':>10} | {'CPU %':>6} | {'limit':>6} | {'of limit':>8} |"
+    header = f"| {'script':24} | {'SPS':>6} | {'env s/it':>8} | {'infer s/it':>10} | {'learn s/it':>10} | {'CPU %':>6} | {'limit':>6} | {'of limit':>8} |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for name, (r, kind) in runs.items():
         limit = min(env_sps[kind], learner_sps)
         print(
-            f"| {name:22} | {r['sps']:6.0f} | {r['env']:8.2f} | {r['inference']:10.2f} | {r['learn']:10.2f} "
+            f"| {name:24} | {r['sps']:6.0f} | {r['env']:8.2f} | {r['inference']:10.2f} | {r['learn']:10.2f} "
             f"| {r['cpu']:6.0f} | {limit:6.0f} | {100 * r['sps'] / limit:7.0f}% |"
         )
 

@@ -1,13 +1,15 @@
-"""PPO for Atari (Breakout-v5 by default) with EnvPool stepping the games in a C++ thread pool.
+"""PPO for Atari (Breakout-v5 by default) with EnvPool (or ALE's own vector env) stepping the games in C++ threads.
 
 Launch:
     python cleanrl/ppo_atari_envpool.py                      # Breakout, 8 envs
     python cleanrl/ppo_atari_envpool.py --env-id Pong-v5 --num-envs 16
+    python cleanrl/ppo_atari_envpool.py --vector-mode ale     # ale-py's AtariVectorEnv instead of EnvPool
     python cleanrl/ppo_atari_envpool.py --resume runs/<run-name>
     tensorboard --logdir runs
 
 EnvPool does the standard Atari preprocessing in C++ (no-op starts, frame skip 4 with max-pooling,
-episodic life, FIRE on reset, reward clipping, 84x84 grayscale, 4-frame stack).
+episodic life, FIRE on reset, reward clipping, 84x84 grayscale, 4-frame stack); ``--vector-mode ale``: ale-py's
+``AtariVectorEnv`` does, behind EnvPool's interface (``cleanrl_utils.envs.ALEVectorEnv``; no EnvPool needed).
 
 Autoreset (EnvPool is next-step, and says so in its metadata): after a game ends (game over or the
 27k-step limit), the next ``step`` ignores the action, resets that env and returns reward 0. That
@@ -18,7 +20,7 @@ this is why validity follows ``info["terminated"]`` (game over) or truncation, n
 ``terminated``. Episode statistics use ``info["reward"]`` (the unclipped score) summed over whole
 games.
 
-Resume: EnvPool exposes no environment state, so a resumed run restores the model, optimizer,
+Resume: EnvPool and ALE's vector env expose no environment state, so a resumed run restores the model, optimizer,
 counters and RNGs exactly but starts new games (seeded from the seed and the iteration).
 
 Speed: rollouts stay on the device (frames as the
@@ -33,8 +35,8 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import Literal
 
-import envpool
 import numpy as np
 import torch
 import torch.nn as nn
@@ -42,7 +44,7 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.envs import EnvPoolGames, EpisodeVideo, envpool_atari_task
+from cleanrl_utils.envs import ALEVectorEnv, EnvPoolGames, EpisodeVideo, ale_rom, envpool_atari_task
 from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_batch, require_positive, setup_run
 
@@ -83,8 +85,10 @@ class Args:
     # Algorithm specific arguments
     env_id: str = "Breakout-v5"
     """the EnvPool Atari task, e.g. Pong-v5 (or an ALE id of the same game: PongNoFrameskip-v4)"""
+    vector_mode: Literal["envpool", "ale"] = "envpool"
+    """what steps the games: EnvPool, or ale-py's AtariVectorEnv (the same preprocessing; no --capture-video)"""
     env_threads: int = 0
-    """EnvPool worker threads (0: one per env, capped by the cores)"""
+    """worker threads of the vector env (0: one per env, capped by the cores)"""
     total_timesteps: int = 10_000_000
     """total env steps of the run, summed over envs (one step = 4 frames)"""
     learning_rate: float = 2.5e-4
@@ -134,11 +138,20 @@ def validate(args: Args) -> None:
     if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     require_batch(args)
-    envpool_atari_task(args.env_id)  # an EnvPool Atari id, or an ALE id of the same game
+    if args.vector_mode == "ale":
+        ale_rom(args.env_id)  # a game ale-py ships, named as EnvPool or gymnasium names it
+        if args.capture_video:
+            fail("--capture-video: not with --vector-mode ale (ALE's vector env renders no frames)")
+    else:
+        envpool_atari_task(args.env_id)  # an EnvPool Atari id, or an ALE id of the same game
 
 
-def make_envs(env_id: str, num_envs: int, seed: int, num_threads: int, capture_video: bool):
-    """EnvPool runs env i with seed ``seed + i``."""
+def make_envs(env_id: str, num_envs: int, seed: int, num_threads: int, capture_video: bool, vector_mode: str):
+    """Env i runs with seed ``seed + i``."""
+    if vector_mode == "ale":
+        return ALEVectorEnv(env_id, num_envs, seed, num_threads)
+    import envpool
+
     return envpool.make(
         envpool_atari_task(env_id),
         env_type="gymnasium",
@@ -274,7 +287,7 @@ def main() -> None:
     env_seed = args.seed
     if checkpoint is not None:  # new games after a resume, not a replay of the first ones
         env_seed = int(np.random.SeedSequence([args.seed, checkpoint["iteration"]]).generate_state(1)[0] >> 2)
-    envs = make_envs(args.env_id, args.num_envs, env_seed, args.env_threads, args.capture_video)
+    envs = make_envs(args.env_id, args.num_envs, env_seed, args.env_threads, args.capture_video, args.vector_mode)
     assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout below assumes next-step autoreset"
     obs_shape = envs.single_observation_space.shape
 

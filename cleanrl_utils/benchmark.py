@@ -104,6 +104,23 @@ def script_of(command: list[str]) -> Path | None:
     return next((Path(token) for token in command if token.endswith(".py")), None)
 
 
+def runnable(path: Path | str) -> str:
+    """``path`` as a command typed in the working directory names it: relative when under it, else absolute."""
+    path = Path(path).resolve()
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
+
+
+def locate_script(command: list[str]) -> list[str]:
+    """``command`` with a project path (``cleanrl/ppo.py``) that is not under the working directory
+    replaced by one that runs from here, so that a tool started anywhere prints commands that run."""
+    script = script_of(command)
+    if script is None or script.exists() or not (REPO / script).exists():
+        return command
+    return [runnable(REPO / script) if token == str(script) else token for token in command]
+
+
 def world_size_of(command: list[str]) -> int:
     """Processes a torchrun command starts (``--nproc_per_node`` x ``--nnodes``); 1 otherwise."""
     size = {"nproc_per_node": 1, "nnodes": 1}
@@ -202,7 +219,7 @@ def plan_grid(
 ) -> list[Job]:
     jobs, names = [], set()
     for command in commands:
-        base = shlex.split(command)
+        base = locate_script(shlex.split(command))
         exp = exp_name(base)
         for env_id in env_ids:
             for seed in seeds:

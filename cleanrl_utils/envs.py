@@ -153,6 +153,65 @@ def envpool_atari_task(env_id: str) -> str:
     return name
 
 
+def ale_rom(env_id: str) -> str:
+    """The ALE ROM of the game ``--env-id`` names (``BreakoutNoFrameskip-v4``, ``ALE/Breakout-v5`` and
+    ``Breakout-v5`` are ``breakout``). One line and exit 2 for a game ale-py does not ship."""
+    import re
+
+    from ale_py import roms
+
+    game = env_id.removeprefix("ALE/").split("-")[0].removesuffix("NoFrameskip")
+    rom = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", game).lower()
+    if rom not in roms.get_all_rom_ids():
+        fail(f"--env-id {env_id}: not an Atari game of ale-py (ROM {rom!r} not in ale_py.roms.get_all_rom_ids())")
+    return rom
+
+
+class ALEVectorEnv:
+    """ALE's own threaded vector env (``ale_py.vector_env.AtariVectorEnv``) with EnvPool's Atari interface.
+
+    ALE does the standard preprocessing in C++: frame skip 4 with max-pooling, 84x84 grayscale, a
+    4-frame stack, no-op starts, FIRE on reset, 108,000 frames at most per game, no sticky actions;
+    its frames equal gymnasium's ``AtariPreprocessing`` pixel for pixel (tests/test_ale.py). Like
+    EnvPool it autoresets on the next step after a game over or a truncation. Its own episodic-life
+    mode resets the whole game on every lost life, so it is off here: a lost life terminates the
+    training episode as ``atari_wrappers.EpisodicLifeEnv`` decides it (fewer lives, some left) and the
+    game goes on. Rewards come out clipped to their sign, and as EnvPool does, ``info["reward"]``
+    holds the raw score and ``info["terminated"]`` the game over, so ``EnvPoolGames`` counts whole games.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, num_threads: int = 0, noop_max: int = 30,
+                 fire_reset: bool = True):  # fmt: skip
+        from ale_py.vector_env import AtariVectorEnv
+
+        self.env = AtariVectorEnv(
+            ale_rom(env_id), num_envs, num_threads=num_threads, noop_max=noop_max, use_fire_reset=fire_reset,
+            reward_clipping=False, episodic_life=False, repeat_action_probability=0.0,
+        )  # fmt: skip
+        self.metadata = self.env.metadata
+        self.num_envs, self.seed = num_envs, seed
+        self.single_observation_space = self.env.single_observation_space
+        self.single_action_space = self.env.single_action_space
+        self.lives = np.zeros(num_envs, dtype=np.int64)
+
+    def reset(self) -> tuple[np.ndarray, dict[str, Any]]:
+        """Env i starts with seed ``seed + i``."""
+        obs, info = self.env.reset(seed=self.seed)
+        self.lives = info["lives"].astype(np.int64)
+        return obs, info
+
+    def step(self, actions: np.ndarray):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        lives = info["lives"].astype(np.int64)
+        life_lost = (lives > 0) & (lives < self.lives)  # after a reset step the count goes up again
+        self.lives = lives
+        info = {**info, "reward": reward, "terminated": terminated}
+        return obs, np.sign(reward).astype(np.float32), terminated | life_lost, truncated, info
+
+    def close(self) -> None:
+        self.env.close()
+
+
 class EnvSnapshot(gym.Wrapper):
     """Outermost wrapper of a sub-environment: exposes its whole state as the ``snapshot`` attribute.
 

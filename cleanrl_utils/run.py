@@ -13,7 +13,7 @@ The order a script calls these in is the order of a run:
 
 The resume rule (one for every script): ``--resume`` keeps the checkpoint's settings. Flags about the
 machine and the launch (``LAUNCH_FLAGS``) come from the new command line; flags about what the run
-writes (``OUTPUT_FLAGS``: checkpoint interval and buffer, videos) keep the checkpoint's value unless
+writes and what steps its envs (``OUTPUT_FLAGS``: checkpoint interval and buffer, videos, the vector mode) keep the checkpoint's value unless
 given again. Any other flag given with a value different from the checkpoint's is refused with one
 line and exit code 2, except ``--total-timesteps``, which may be raised to train longer (a note says
 what that does to the schedules).
@@ -58,7 +58,6 @@ LAUNCH_FLAGS = frozenset(
         "env_timeout",
         "actor_timeout",
         "env_threads",
-        "vector_mode",
         "progress",
         "track",
         "wandb_project_name",
@@ -70,9 +69,9 @@ LAUNCH_FLAGS = frozenset(
 # --checkpoint-interval: a preempted tuner trial or grid task loses at most this much (see
 # benchmark/checkpoint_overhead.py for what a checkpoint costs).
 CHECKPOINT_SECONDS = 300.0
-# Flags about what the run writes, not how it learns: on --resume they keep the checkpoint's value
-# unless the new command line gives one.
-OUTPUT_FLAGS = frozenset({"checkpoint_interval", "checkpoint_buffer", "capture_video", "save_model"})
+# Flags about what the run writes and what steps its envs, not how it learns: on --resume they keep the
+# checkpoint's value unless the new command line gives one (an async or ALE run resumes as one).
+OUTPUT_FLAGS = frozenset({"checkpoint_interval", "checkpoint_buffer", "capture_video", "save_model", "vector_mode"})
 
 
 def is_main_process() -> bool:

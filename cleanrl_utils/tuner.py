@@ -70,6 +70,7 @@ from cleanrl_utils.benchmark import (
     device_slots,
     last_line,
     launch,
+    locate_script,
     stop_group,
     thread_env,
 )
@@ -683,8 +684,9 @@ class Tuner:
         path = self.out_dir / "best_params.json"
         path.write_text(json.dumps(out, indent=2) + "\n")
         print(f"\n[tuner] best trial {best.number}: value {best.value:.4g}; {path}; reproduce with:")
-        for r in runs:
-            print("  " + r["command"].replace(f" --run-name {r['run_dir'][len('runs/') :]}", ""))
+        for r in runs:  # recorded with the project's path of the script; printed as it runs from here
+            command = locate_script(shlex.split(r["command"]))
+            print("  " + shlex.join(command).replace(f" --run-name {r['run_dir'][len('runs/') :]}", ""))
         _dispose(storage)
         return best
 

@@ -28,6 +28,7 @@ from tests.conftest import (
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_vtrace_by_hand_with_lag():
     # one env, 3 steps; the behaviour policy made action probabilities 0.5, the target 1.0, 0.25, 0.5.
     behaviour = np.log(np.array([[0.5], [0.5], [0.5]], dtype=np.float32))
@@ -46,6 +47,7 @@ def test_vtrace_by_hand_with_lag():
     np.testing.assert_allclose(vs, adv + values, rtol=1e-6)
 
 
+@pytest.mark.quick
 def test_vtrace_on_policy_is_gae_and_n_step_returns():
     rng = np.random.default_rng(0)
     shape = (16, 3)
@@ -86,6 +88,7 @@ def _reader(server: ParameterServer, duration: float, result) -> None:
     result.put((reads, torn))
 
 
+@pytest.mark.quick
 def test_parameter_server_never_hands_out_half_written_weights():
     module = nn.Linear(300, 300)
     server = ParameterServer(module)

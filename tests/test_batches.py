@@ -16,6 +16,8 @@ from tests.conftest import REPO, script_env
 from tests.fake_envpool import game_length
 from tests.known_env import episode_length
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 
 def record(tmp_path, module: str, *flags: str, fake_envpool: bool = False) -> tuple[list[np.ndarray], np.ndarray]:
     """Run ``module`` under tests/record_batch.py; return its training batches and per-step reset counts

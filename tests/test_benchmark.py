@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from cleanrl_utils.benchmark import device_slots, world_size_of
 from cleanrl_utils.tb import ScalarReader
 from tests.conftest import REPO, run_script, script_env
@@ -46,19 +48,24 @@ def test_interrupted_run_resumes_and_existing_checkpoints_refused(tmp_path):
     run = "b/CartPole-v1__ppo__1"
     run_script("ppo.py", "--total-timesteps", "1024", "--checkpoint-interval", "256", "--run-name", run, cwd=tmp_path)
     (tmp_path / "runs" / run / "checkpoints/ckpt_00001024.pt").unlink()  # as if killed after 768 steps
-    cmd = f"python {REPO}/cleanrl/ppo.py --total-timesteps 1024 --checkpoint-interval 256 --no-progress"
+    # the project's path of the script, as in CleanRL's docs, from another directory: it runs, and the
+    # printed command names the script as it runs from here
+    cmd = "python cleanrl/ppo.py --total-timesteps 1024 --checkpoint-interval 256 --no-progress"
     args = ("--env-ids", "CartPole-v1", "--command", cmd, "--num-seeds", "1", "--run-prefix", "b/")
     refused = bench(tmp_path, *args)
     assert refused.returncode == 2 and "holds checkpoints: pass --skip-completed" in refused.stderr
     resumed = bench(tmp_path, *args, "--skip-completed")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"--resume runs/{run}" in resumed.stdout
+    started = next(line for line in resumed.stdout.splitlines() if line.startswith("[benchmark] start"))
+    assert (tmp_path / started.split(": ", 1)[1].split()[1]).is_file(), started
     log = (tmp_path / "runs/logs/b/CartPole-v1__ppo__1.log").read_text()
     assert "done: 1,024 steps (256 in" in log  # continued from step 768, not restarted
     assert (tmp_path / "runs" / run / "checkpoints/ckpt_00001024.pt").exists()  # in the same directory
     assert not (tmp_path / "runs/CartPole-v1__ppo__1").exists()
 
 
+@pytest.mark.quick
 def test_bad_input_exits_2_before_any_run(tmp_path):
     bad = bench(tmp_path, "--env-ids", "CartPole-v1", "--command", f"python {FAKE} --num-steps 7", "--num-seeds", "1")
     assert bad.returncode == 2 and "--num-steps 7: must divide --total-timesteps 1000" in bad.stderr
@@ -67,6 +74,7 @@ def test_bad_input_exits_2_before_any_run(tmp_path):
     assert bad.returncode == 2 and "names no existing .py script" in bad.stderr
 
 
+@pytest.mark.quick
 def test_device_slots_and_world_size():
     assert device_slots([0, 1], 2, 1) == [{"CUDA_VISIBLE_DEVICES": "0"}] * 2 + [{"CUDA_VISIBLE_DEVICES": "1"}] * 2
     assert device_slots([0, 1, 2, 3], 1, 2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]

@@ -8,6 +8,8 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.buffers import ReplayBuffer
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 
 class FrameEnv(gym.Env):
     """Frames encode (env, episode, step): pixel [0, 2] = the env's first seed, [0, 0] = episode % 251,

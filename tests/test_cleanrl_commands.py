@@ -14,6 +14,8 @@ import torch
 from cleanrl_utils.checkpoint import load_checkpoint
 from tests.conftest import REPO, read_scalars, script_env
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 # tests/test_*.py of CleanRL (vwxyzjn/cleanrl) for ppo, ppo_atari, ppo_atari_envpool, ppo_atari_multigpu,
 # ppo_continuous_action, dqn, dqn_atari and sac_continuous_action
 CLEANRL_COMMANDS = [

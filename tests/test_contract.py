@@ -73,6 +73,7 @@ CLEANRL_LINES = [
 @pytest.mark.parametrize(
     "script, line, world_size, meaning", CLEANRL_LINES, ids=[f"{s} {x}" for s, x, *_ in CLEANRL_LINES]
 )
+@pytest.mark.quick
 def test_cleanrl_command_lines_keep_their_meaning(script, line, world_size, meaning, capsys):
     if meaning is None:  # NCCL on a machine without CUDA: one line, exit 2
         with pytest.raises(SystemExit) as e:
@@ -125,6 +126,7 @@ def ppo_run(tmp_path_factory):
     return cwd
 
 
+@pytest.mark.quick
 def test_resume_refuses_a_changed_setting(ppo_run, tmp_path):
     proc = run_script("ppo.py", "--resume", str(ppo_run / "runs/r"), "--gamma", "0.9", cwd=tmp_path, check=False)
     assert proc.returncode == 2
@@ -135,6 +137,7 @@ def test_resume_refuses_a_changed_setting(ppo_run, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.quick
 def test_resume_takes_machine_flags_from_the_new_launch_and_may_train_longer(ppo_run, tmp_path):
     midway = ppo_run / "runs/r/checkpoints/ckpt_00000064.pt"
     # the same value of a setting, a machine flag, an output flag and a longer run are all accepted
@@ -153,6 +156,7 @@ def test_resume_takes_machine_flags_from_the_new_launch_and_may_train_longer(ppo
     assert lr[128] == pytest.approx(1e-3 * (1 - 1 / 4))  # iteration 2 of 4: the schedule of the new total
 
 
+@pytest.mark.quick
 def test_resume_cannot_shorten_below_what_was_trained(ppo_run, tmp_path):
     proc = run_script(
         "ppo.py", "--resume", str(ppo_run / "runs/r"), "--total-timesteps", "64", cwd=tmp_path, check=False
@@ -161,6 +165,7 @@ def test_resume_cannot_shorten_below_what_was_trained(ppo_run, tmp_path):
     assert "--total-timesteps 64: the checkpoint has already trained 128 steps" in proc.stderr
 
 
+@pytest.mark.quick
 def test_resume_refuses_another_scripts_checkpoint(ppo_run, tmp_path):
     path = ppo_run / "runs/r/checkpoints/ckpt_00000128.pt"
     proc = run_script("dqn.py", "--resume", str(path), cwd=tmp_path, check=False)
@@ -175,6 +180,7 @@ def test_a_run_directory_with_checkpoints_is_not_overwritten(ppo_run):
     assert "error: runs/r holds checkpoints: pass --resume runs/r or another --run-name" in proc.stderr
 
 
+@pytest.mark.quick
 def test_a_run_ends_with_one_summary_line(ppo_run, tmp_path):
     proc = run_script("ppo.py", *SMALL_PPO, "--total-timesteps", "128", "--run-name", "s", cwd=tmp_path)
     line = proc.stdout.strip().splitlines()[-1]
@@ -188,6 +194,7 @@ def test_a_run_ends_with_one_summary_line(ppo_run, tmp_path):
 # --------------------------------------------------------------------------------------------
 # Checkpoints that cannot lie
 # --------------------------------------------------------------------------------------------
+@pytest.mark.quick
 def test_a_damaged_checkpoint_is_refused(ppo_run, tmp_path):
     data = bytearray((ppo_run / "runs/r/checkpoints/ckpt_00000128.pt").read_bytes())
     middle = len(data) // 2

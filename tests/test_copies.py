@@ -27,6 +27,8 @@ import pytest
 
 from tests.conftest import SCRIPTS
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 PER_SCRIPT = {"Args", "validate", "main"}
 SECTION = re.compile(r"^\s*# [A-Z][A-Z]{2,}")  # "# ROLLOUT", "# UPDATE: ...", "# ENV SETUP"
 # what plumbing does itself (calls into cleanrl_utils, such as ranks.save_checkpoint(...), are fine)

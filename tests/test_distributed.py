@@ -162,6 +162,7 @@ def _all_reduced(tmp_path, compression: str):
 
 
 @pytest.mark.parametrize("compression, tolerance", [("none", 1e-5), ("bf16", 1e-2)])
+@pytest.mark.quick
 def test_all_reduced_gradient_equals_the_combined_batch_gradient(tmp_path, compression, tolerance):
     """2 ranks x 8 samples, averaged, equal 1 process x 16 samples (the loss is a mean over samples).
 
@@ -191,6 +192,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.quick
 def test_two_nodes_on_localhost(tmp_path):
     port = _free_port()
     procs = []
@@ -351,6 +353,7 @@ def test_ctrl_c_checkpoints_every_rank_at_one_iteration(tmp_path, marker):
     assert [r["destroyed"] for r in _watch_records(watch)] == [1, 1]  # both ranks left the process group
 
 
+@pytest.mark.quick
 def test_bad_input_is_reported_once_before_the_process_group(tmp_path):
     proc = torchrun(SCRIPT, "--num-envs", "3", "--no-cuda", cwd=tmp_path, timeout=120)
     output = proc.stdout + proc.stderr

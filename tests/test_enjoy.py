@@ -25,6 +25,7 @@ def known_returns(seeds: list[int]) -> list[float]:
     return out
 
 
+@pytest.mark.quick
 def test_known_policy_gives_known_returns(tmp_path, capsys):
     run_script("ppo.py", "--total-timesteps", "256", "--checkpoint-interval", "0", "--run-name", "r", cwd=tmp_path)
     run_dir = tmp_path / "runs" / "r"

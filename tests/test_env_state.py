@@ -11,6 +11,8 @@ import torch
 from cleanrl_utils.checkpoint import decode, encode, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from cleanrl_utils.envs import EnvSnapshot, get_vector_state, set_vector_state
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 
 def test_codec_round_trip_keeps_types_and_values(tmp_path):
     value = {

@@ -5,6 +5,8 @@ import pytest
 from tests.conftest import REPO, only_run_dir, read_scalars, run_script
 from tests.known_env import expected_episodes
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 
 def logged_episodes(cwd) -> list[tuple[int, float, int]]:
     """(global step, return, length) of every episode the run in ``cwd`` logged, sorted."""

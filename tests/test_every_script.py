@@ -18,6 +18,8 @@ import torch
 
 from tests.conftest import REPO, SCRIPTS, final_checkpoint, read_scalars, script_env
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 ATARI = ["--no-cuda", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
 # the off-policy scripts log their losses every 1000 env steps
 DQN_ATARI = ["--no-cuda", "--buffer-size", "1000", "--learning-starts", "500", "--batch-size", "16"]

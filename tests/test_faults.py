@@ -55,6 +55,7 @@ def checkpoint_file(tmp_path):
     return tmp_path / "runs/r/checkpoints/ckpt_00000032.pt"
 
 
+@pytest.mark.quick
 def test_truncated_checkpoint_is_refused(tmp_path, checkpoint_file):
     data = checkpoint_file.read_bytes()
     truncated = tmp_path / "truncated.pt"
@@ -77,6 +78,7 @@ class _RunsCodeOnLoad:
         return (open, (str(self.path), "w"))
 
 
+@pytest.mark.quick
 def test_checkpoint_that_would_run_code_is_refused(tmp_path):
     witness = tmp_path / "code_ran"
     evil = tmp_path / "evil.pt"
@@ -154,6 +156,7 @@ def test_dqn_reads_the_nan_record_lazily_yet_never_checkpoints_a_non_finite_mode
         assert all(torch.isfinite(v).all() for v in load_checkpoint(path)["model"].values())
 
 
+@pytest.mark.quick
 def test_a_non_finite_gradient_never_reaches_the_weights():
     """NaNGuard.step skips the fused Adam step on the device when the gradient norm is NaN/inf; the host reads
     the record later (NaNGuard.check), and it names the first skipped step and the last good checkpoint."""

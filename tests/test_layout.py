@@ -2,7 +2,11 @@
 
 import importlib.util
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
 
 
 def _sizes():

@@ -24,6 +24,8 @@ from cleanrl.ppo_continuous_action import gaussian_log_prob
 from cleanrl.sac_continuous_action import Actor, soft_q_target
 from cleanrl_utils.atari_wrappers import wrap_atari
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 gym.register_envs(ale_py)
 
 

@@ -133,6 +133,7 @@ RULES = [
 
 
 @pytest.mark.parametrize("script, flags, fragment", RULES, ids=[f"{s} {' '.join(f)}" for s, f, _ in RULES])
+@pytest.mark.quick
 def test_bad_input_exits_2_with_one_line(tmp_path, script, flags, fragment):
     proc = run_script(script, *flags, cwd=tmp_path, check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr

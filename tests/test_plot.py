@@ -107,6 +107,7 @@ def test_png_has_one_panel_per_env_with_the_mean_curves(runs_dir, tmp_path):
             assert (np.abs(panel - color).sum(axis=2) < 0.1).sum() > 50, (ax.get_title(), color)
 
 
+@pytest.mark.quick
 def test_bad_input(tmp_path, capsys):
     assert plot.main([str(tmp_path / "missing")]) == 2
     assert plot.main([str(tmp_path)]) == 2
@@ -118,6 +119,7 @@ def speed_run(exp: str, env: str, world: int, sps: float) -> plot.RunData:
     return plot.RunData(Path(exp), exp, env, 1, world, empty, empty, empty, sps, 10.0, 1000)
 
 
+@pytest.mark.quick
 def test_speedup_only_between_runs_that_compare():
     """Without --baseline: one script against its own smallest world size, never ppo against dqn;
     with it: every script of the env against the baseline's smallest world size."""

@@ -6,6 +6,8 @@ import torch
 
 from cleanrl.ppo import compute_gae, ppo_loss
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 
 def test_gae_with_termination_and_truncation():
     gamma, lam = 0.9, 0.5

@@ -31,6 +31,7 @@ def _batch(flags: list[str]) -> int:
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.quick
 def test_resume_continues_exactly(tmp_path, case):
     script, flags = CASES[case]
     total, half = 8 * _batch(flags), 4 * _batch(flags)
@@ -64,6 +65,7 @@ def test_resume_continues_exactly(tmp_path, case):
     assert half in curve_b.get("losses/value_loss").steps
 
 
+@pytest.mark.quick
 def test_same_seed_same_result_other_seed_differs(tmp_path):
     script, flags = CASES["ppo-sync"]
     finals = {}
@@ -78,9 +80,12 @@ def test_same_seed_same_result_other_seed_differs(tmp_path):
     assert not same_parameters(finals["first"], finals["other"])
 
 
-def test_envpool_resume_continues_the_run(tmp_path):
-    # EnvPool has no env state to save: the resumed run is exact in everything but the games.
+@pytest.mark.parametrize("vector_mode", ["envpool", "ale"])
+def test_envpool_resume_continues_the_run(tmp_path, vector_mode):
+    # EnvPool and ALE's vector env have no env state to save: the resumed run is exact in everything but the
+    # games, and it steps them with the vector env it ran on.
     flags = ["--num-envs", "2", "--num-steps", "32", "--update-epochs", "1", "--num-minibatches", "2", "--no-cuda"]
+    flags += ["--vector-mode", vector_mode]
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     run_script(
@@ -98,6 +103,7 @@ def test_envpool_resume_continues_the_run(tmp_path):
     proc = run_script("ppo_atari_envpool.py", "--resume", str(mid), cwd=b)
     resumed, midway = final_checkpoint(b / "runs/r"), torch.load(mid, weights_only=True)
     assert resumed["iteration"] == 6 and resumed["global_step"] == 384
+    assert resumed["args"]["vector_mode"] == vector_mode
     assert not same_parameters(midway["model"], resumed["model"])
     assert proc.returncode == 0
 
@@ -124,6 +130,7 @@ def test_interrupted_run_checkpoints_and_resumes(tmp_path, marker):
     assert saved_args["total_timesteps"] == 200000 and saved_args["vector_mode"] == "async"
 
 
+@pytest.mark.quick
 def test_a_single_process_run_checkpoints_at_least_every_few_minutes():
     """A slow run (a tuner trial on Atari at a few hundred SPS) writes a checkpoint CHECKPOINT_SECONDS after
     its last one even between --checkpoint-interval steps; torchrun ranks (no agreed clock) and

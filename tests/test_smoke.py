@@ -30,6 +30,7 @@ SMOKE = {
     "ppo_atari.py": SMALL_ATARI,
     "ppo_atari.py-async": ["--vector-mode", "async", *SMALL_ATARI],
     "ppo_atari_envpool.py": SMALL_ATARI,
+    "ppo_atari_envpool.py-ale": ["--vector-mode", "ale", *SMALL_ATARI],
     # HalfCheetah episodes last 1000 steps, so one ends within the 1024.
     "ppo_continuous_action.py": [
         "--num-steps",

@@ -48,6 +48,7 @@ def rank_digests_agree(checkpoint_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # Dry runs and bad input
 # --------------------------------------------------------------------------------------------
+@pytest.mark.quick
 def test_slurm_dry_run_is_complete_and_stable(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = ["--command", f"python {PPO} --total-timesteps 2048", "--env-ids", "CartPole-v1", "Acrobot-v1"]
@@ -110,6 +111,7 @@ def test_tuner_workers_are_an_array_of_the_same_command(tmp_path, monkeypatch, c
     assert "#SBATCH --array=0-7%4" in text and f"cmd=({tuner})" in text and "--run-name" not in text.split("cmd=")[1]
 
 
+@pytest.mark.quick
 def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_API_KEY", "sk-not-to-be-seen")
@@ -180,6 +182,7 @@ def test_aws_dry_run_definition(tmp_path, monkeypatch, capsys):
           "--command", f"python {PPO}", "--env-ids", "CartPole-v1"], "--secret WANDB_API_KEY=abc: must be NAME=arn"),
     ],
 )  # fmt: skip
+@pytest.mark.quick
 def test_bad_input_exits_2_and_submits_nothing(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: had anything been submitted, this would fail differently

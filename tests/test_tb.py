@@ -1,9 +1,12 @@
 """The event-file reader the tools share: every point, read incrementally, and a resumed run's
 restart marker dropping what the previous attempt logged after its checkpoint."""
 
+import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_utils.tb import ScalarReader, parse_table
+
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
 
 
 def test_incremental_and_resumed(tmp_path):

@@ -8,6 +8,7 @@ Most studies train ``tests/fake_train.py``, whose episodic returns follow a know
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,7 @@ def trials_by_state(study: optuna.Study) -> dict[str, list]:
 # --------------------------------------------------------------------------------------------
 # The objective's maths
 # --------------------------------------------------------------------------------------------
+@pytest.mark.quick
 def test_run_score_and_aggregation():
     steps, values = [100, 200, 300, 400], [0.0, 10.0, 20.0, 40.0]
     assert tuner.run_score(steps, values, "last", 2) == 30.0
@@ -82,6 +84,7 @@ def test_run_score_and_aggregation():
     assert aggregate([1, 2, 3, 4, 5, 6, 7, 100], "iqm") == pytest.approx(4.5)
 
 
+@pytest.mark.quick
 def test_reference_scores():
     for spelling in ("BreakoutNoFrameskip-v4", "ALE/Breakout-v5", "Breakout-v5", "BreakoutDeterministic-v4"):
         assert atari_game(spelling) == "Breakout"
@@ -96,6 +99,7 @@ def test_reference_scores():
     assert tuner.script_for("sac", ["Hopper-v4"]) == "cleanrl/sac_continuous_action.py"
 
 
+@pytest.mark.quick
 def test_shipped_spaces_name_real_flags():
     """Every key of every shipped search space is a flag of its script (a typo would fail every trial)."""
     from cleanrl_utils.benchmark import load_script
@@ -309,6 +313,8 @@ def test_killed_tuner_resumes_the_orphaned_trial_exactly_on_the_real_script(tmp_
     whole = run_tuner(tmp_path, *args, "--study-name", "u")
     assert whole.returncode == 0, whole.stdout + whole.stderr
     uninterrupted = lineages(load(f"sqlite:///{tmp_path}/runs/u/optuna.db", "u"))[0]
+    reproduce = [line for line in whole.stdout.split("reproduce with:")[1].splitlines() if line.startswith("  python")]
+    assert reproduce and all((tmp_path / shlex.split(line)[1]).is_file() for line in reproduce), reproduce
 
     env = script_env({"CLEANRL_TEST_MARKER": marker})
     first = subprocess.Popen([sys.executable, TUNER, *args, "--study-name", "k"], cwd=tmp_path, env=env,
@@ -420,6 +426,7 @@ def test_crashing_and_nan_runs_fail_their_trial_not_the_tuner(tmp_path):
         (["--script", FAKE, "--env-ids", "CartPole-v1", "--max-resumes", "-1"], "--max-resumes -1: must be >= 0"),
     ],
 )
+@pytest.mark.quick
 def test_bad_input_exits_2_before_any_study(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
     assert tuner.main(args) == 2
@@ -459,6 +466,7 @@ def test_request_command_runs_the_real_scripts(tmp_path, env_ids, script, budget
     assert math.isclose(best["value"], np.mean(normalized), rel_tol=1e-6)
 
 
+@pytest.mark.quick
 def test_claim_never_overshoots_the_budget():
     """Two workers ask at the same moment for the last trial: the second one stands down."""
     study = optuna.create_study()
@@ -473,6 +481,7 @@ def test_claim_never_overshoots_the_budget():
     assert tuner.claim_trial(study, num_trials=2) is not None
 
 
+@pytest.mark.quick
 def test_lost_trial_is_resumed_once_per_loss_until_max_resumes():
     """The life cycle in an in-memory study: a lost trial's parameters come back as one retry (a second
     report of the same loss adds none that runs), the retry fills the lineage's place in the budget,

@@ -4,6 +4,8 @@ import pytest
 
 from tests.conftest import run_script
 
+pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
+
 # (flags, fragment the single error line must contain)
 PPO_RULES = [
     (["--num-envs", "0"], "--num-envs 0: must be a positive integer"),
@@ -52,6 +54,12 @@ OTHER_RULES = [
     ("ppo_atari_envpool.py", ["--cudagraphs"], "--cudagraphs: needs --compile and CUDA"),
     ("ppo_atari_envpool.py", ["--env-id", "NoSuchGame-v5"], "--env-id NoSuchGame-v5: not an EnvPool task"),
     ("ppo_atari_envpool.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari task of EnvPool"),
+    ("ppo_atari_envpool.py", ["--vector-mode", "ale", "--env-id", "NoSuchGame-v5"], "not an Atari game of ale-py"),
+    (
+        "ppo_atari_envpool.py",
+        ["--vector-mode", "ale", "--capture-video"],
+        "--capture-video: not with --vector-mode ale",
+    ),
     ("ppo_atari_envpool.py", ["--total-timesteps", "512"], "--total-timesteps 512: must be at least one iteration"),
     (
         "ppo_continuous_action.py",
