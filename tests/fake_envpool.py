@@ -1,4 +1,4 @@
-"""A stand-in for ``envpool.make`` on Atari tasks whose games, and so whose scores, are known.
+"""A stand-in for ``envpool.make`` (and ale-py's ``AtariVectorEnv``) on Atari games whose scores are known.
 
 It follows EnvPool's gymnasium API and semantics: next-step autoreset after a game over or a
 truncation (the following step ignores the action, returns reward 0, ``elapsed_step`` 0), episodic
@@ -92,10 +92,48 @@ def make(task_id, env_type, num_envs, seed, **kwargs):
     return FakeAtariPool(num_envs, seed)
 
 
-if __name__ == "__main__":
-    # python tests/fake_envpool.py cleanrl/ppo_atari_envpool.py [flags]: run the script on fake games.
+class FakeALEVector:
+    """The same games behind ale-py's ``AtariVectorEnv`` (as ``ALEVectorEnv`` makes it: no episodic life,
+    no reward clipping): raw rewards, ``terminated`` only on a game over, a lost life only lowers
+    ``info["lives"]`` (3 per game, 0 at its game over), next-step autoreset; env i is seeded seed + i."""
+
+    def __init__(self, game, num_envs, **kwargs):
+        assert not kwargs["episodic_life"] and not kwargs["reward_clipping"]
+        self.num_envs = num_envs
+        self.metadata = FakeAtariPool.metadata
+        self.single_observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(4)
+
+    def reset(self, seed):
+        self.pool = FakeAtariPool(self.num_envs, seed)
+        self.lives = np.full(self.num_envs, 3, dtype=np.int32)
+        obs, _ = self.pool.reset()
+        return obs, {"lives": self.lives.copy(), "env_id": np.arange(self.num_envs, dtype=np.int32)}
+
+    def step(self, actions):
+        resetting = self.pool.pending_reset.copy()
+        obs, _, terminated, truncated, info = self.pool.step(actions)
+        game_over = info["terminated"].astype(bool)
+        self.lives[resetting] = 3
+        self.lives -= terminated & ~game_over  # a lost life: the game goes on
+        self.lives[game_over] = 0
+        return obs, info["reward"], game_over, truncated, {"lives": self.lives.copy()}
+
+    def close(self):
+        pass
+
+
+def patch() -> None:
+    """Swap the fake games in for EnvPool's and ALE's vector envs."""
+    import ale_py.vector_env
     import envpool
 
     envpool.make = make
+    ale_py.vector_env.AtariVectorEnv = FakeALEVector
+
+
+if __name__ == "__main__":
+    # python tests/fake_envpool.py cleanrl/ppo_atari_envpool.py [flags]: run the script on fake games.
+    patch()
     sys.argv = sys.argv[1:]
     runpy.run_path(sys.argv[0], run_name="__main__")

@@ -6,7 +6,7 @@ Training calls of ``Agent.evaluate`` (gradients on) receive the minibatches; wit
 minibatch each call is one update's whole batch. The scripts with fixed-size minibatches (a
 ``minibatch_loss`` whose rows weigh 0 or 1) record the rows that weigh 1, and each minibatch's size. The launcher also records, for every step of a
 gymnasium ``SyncVectorEnv``, how many envs that step only resets (its autoreset flags), so a test
-knows how many real transitions a rollout held. ``FAKE_ENVPOOL=1`` swaps in tests/fake_envpool.py.
+knows how many real transitions a rollout held. ``FAKE_ENVPOOL=1`` swaps in tests/fake_envpool.py (for EnvPool and ALE).
 """
 
 import atexit
@@ -59,11 +59,9 @@ if __name__ == "__main__":  # not in the processes an actor-learner script spawn
     module = importlib.import_module(sys.argv[1])
     record(module)
     if os.environ.get("FAKE_ENVPOOL"):
-        import envpool
+        from tests.fake_envpool import patch
 
-        from tests.fake_envpool import make
-
-        envpool.make = make
+        patch()
     atexit.register(save)
     sys.argv = [module.__file__, *sys.argv[2:]]
     module.main()

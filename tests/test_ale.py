@@ -4,8 +4,9 @@ Against gymnasium's ``AtariPreprocessing`` on the same game and actions, frame f
 screens, raw and clipped rewards, game overs, lost lives as ``atari_wrappers.EpisodicLifeEnv`` signals
 them (without a reset step: the game goes on), the next-step reset after a game over, and the whole-game
 score and length that ``EnvPoolGames`` logs equal to ``RecordEpisodeStatistics``'. No-op starts and
-FIRE on reset are off here, since ALE draws the no-ops from its own generator; the script's run and
-its resume are tested in tests/test_smoke.py and tests/test_resume.py.
+FIRE on reset are off here, since ALE draws the no-ops from its own generator. The script on ALE:
+its batches and game scores on known games (tests/test_batches.py, tests/test_episode_stats.py, through
+tests/fake_envpool.py), a real run (tests/test_smoke.py) and its resume (tests/test_resume.py).
 """
 
 import ale_py

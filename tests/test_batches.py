@@ -73,13 +73,14 @@ def test_ppo_batches_are_the_real_transitions(tmp_path, vector_mode):
     assert [rows(b) for b in batches] == expected
 
 
-def test_envpool_batches_are_the_real_transitions(tmp_path):
+@pytest.mark.parametrize("vector_mode", ["envpool", "ale"])
+def test_envpool_batches_are_the_real_transitions(tmp_path, vector_mode):
     # A lost life terminates the training episode but is a real transition (no reset step follows).
     num_envs, num_steps, iterations, seed = 2, 32, 2, 3
     batches, _ = record(
         tmp_path, "cleanrl.ppo_atari_envpool", "--seed", str(seed), "--num-envs", str(num_envs),
         "--num-steps", str(num_steps), *SMALL, "--total-timesteps", str(num_envs * num_steps * iterations),
-        "--no-cuda", fake_envpool=True,
+        "--no-cuda", "--vector-mode", vector_mode, fake_envpool=True,
     )  # fmt: skip
     expected = expected_batches([seed + i for i in range(num_envs)], game_length, num_steps, iterations)
     assert [rows(b) for b in batches] == expected

@@ -40,7 +40,8 @@ def test_ppo_logs_the_true_episode_returns(tmp_path, vector_mode):
     assert logged == expected
 
 
-def test_envpool_script_logs_whole_game_scores_under_next_step_autoreset(tmp_path):
+@pytest.mark.parametrize("vector_mode", ["envpool", "ale"])
+def test_envpool_script_logs_whole_game_scores_under_next_step_autoreset(tmp_path, vector_mode):
     from tests.fake_envpool import expected_games
 
     num_envs, num_steps, iterations, seed = 3, 16, 4, 3
@@ -53,6 +54,7 @@ def test_envpool_script_logs_whole_game_scores_under_next_step_autoreset(tmp_pat
         "--update-epochs", "1",
         "--total-timesteps", str(num_envs * num_steps * iterations),
         "--no-cuda",
+        "--vector-mode", vector_mode,
         cwd=tmp_path,
         launcher=REPO / "tests/fake_envpool.py",
     )  # fmt: skip
