@@ -40,8 +40,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def env_only_sps(kind: str, num_envs: int, steps: int) -> float:
-    """Vector env steps per second (summed over envs) with random actions."""
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (its threads included) and its live child processes."""
+    import psutil
+
+    me = psutil.Process()
+    return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
+
+
+def env_only_sps(kind: str, num_envs: int, steps: int) -> tuple[float, float]:
+    """Vector env steps per second (summed over envs) with random actions, and CPU ms per env step."""
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
@@ -61,12 +69,12 @@ def env_only_sps(kind: str, num_envs: int, steps: int) -> float:
     actions = rng.integers(0, envs.single_action_space.n, size=(steps, num_envs)).astype(dtype)
     for a in actions[:20]:
         envs.step(a)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     for a in actions:
         envs.step(a)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     envs.close()
-    return steps * num_envs / elapsed
+    return steps * num_envs / elapsed, 1000 * cpu / (steps * num_envs)
 
 
 def learner_only(
@@ -146,35 +154,49 @@ def train(script: str, flags: list[str], env: dict[str, str] | None = None) -> d
 def atari(args: argparse.Namespace) -> None:
     n, t, e, m = args.num_envs, args.num_steps, args.update_epochs, args.num_minibatches
     print(f"Breakout, {n} envs x {t} steps, {e} epochs x {m} minibatches, {os.cpu_count()} CPUs, torch threads default")
-    env_sps = {kind: env_only_sps(kind, n, args.env_steps) for kind in ("sync", "async", "envpool", "ale")}
+    kinds = ("sync", "async", "envpool", "ale")
+    measured = {kind: [] for kind in kinds}
+    for _ in range(args.repeats):  # alternated, the median of each: the machine's speed drifts
+        for kind in kinds:
+            measured[kind].append(env_only_sps(kind, n, args.env_steps))
+    env_sps = {kind: statistics.median(sps for sps, _ in runs) for kind, runs in measured.items()}
+    env_cpu = {kind: statistics.median(cpu for _, cpu in runs) for kind, runs in measured.items()}
     learner_samples = learner_only(n, t, e, m)
     learner_sps = learner_samples / e
     flags = ["--num-envs", str(n), "--num-steps", str(t), "--update-epochs", str(e), "--num-minibatches", str(m)]
     flags += ["--total-timesteps", str(n * t * args.iterations)]
+    configs = {
+        "ppo_atari.py sync": ("ppo_atari.py", flags, "sync"),
+        "ppo_atari.py async": ("ppo_atari.py", [*flags, "--vector-mode", "async"], "async"),
+        "ppo_atari_envpool.py": ("ppo_atari_envpool.py", flags, "envpool"),
+        "ppo_atari_envpool.py ale": ("ppo_atari_envpool.py", [*flags, "--vector-mode", "ale"], "ale"),
+    }
+    trained = {name: [] for name in configs}
+    for _ in range(args.repeats):  # alternated; the run with the median SPS of each is reported
+        for name, (script, script_flags, _kind) in configs.items():
+            trained[name].append(train(script, script_flags))
     runs = {
-        "ppo_atari.py sync": (train("ppo_atari.py", flags), "sync"),
-        "ppo_atari.py async": (train("ppo_atari.py", [*flags, "--vector-mode", "async"]), "async"),
-        "ppo_atari_envpool.py": (train("ppo_atari_envpool.py", flags), "envpool"),
-        "ppo_atari_envpool.py ale": (train("ppo_atari_envpool.py", [*flags, "--vector-mode", "ale"]), "ale"),
+        name: (sorted(trained[name], key=lambda r: r["sps"])[(len(trained[name]) - 1) // 2], configs[name][2])
+        for name in configs
     }
 
     print("\nLimits (measured in this run)")
-    print(f"| {'what':34} | {'steps/s':>9} |")
-    print(f"|{'-' * 36}|{'-' * 11}|")
+    print(f"| {'what':34} | {'steps/s':>9} | {'CPU ms/step':>11} |")
+    print(f"|{'-' * 36}|{'-' * 11}|{'-' * 13}|")
     names = {"sync": "gymnasium sync", "async": "gymnasium async", "envpool": "EnvPool", "ale": "ALE AtariVectorEnv"}
     for kind, sps in env_sps.items():
-        print(f"| env-only, {names[kind]:24} | {sps:9.0f} |")
-    print(f"| learner-only ({learner_samples:.0f} samples/s / {e} ep) | {learner_sps:9.0f} |")
+        print(f"| env-only, {names[kind]:24} | {sps:9.0f} | {env_cpu[kind]:11.3f} |")
+    print(f"| learner-only ({learner_samples:.0f} samples/s / {e} ep) | {learner_sps:9.0f} | {'':11} |")
 
     print("\nTraining")
-    header = f"| {'script':24} | {'SPS':>6} | {'env s/it':>8} | {'infer s/it':>10} | {'learn s/it':>10} | {'CPU %':>6} | {'limit':>6} | {'of limit':>8} |"
+    header = f"| {'script':24} | {'SPS':>6} | {'env s/it':>8} | {'infer s/it':>10} | {'learn s/it':>10} | {'CPU %':>6} | {'CPU ms/step':>11} | {'limit':>6} | {'of limit':>8} |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for name, (r, kind) in runs.items():
         limit = min(env_sps[kind], learner_sps)
         print(
             f"| {name:24} | {r['sps']:6.0f} | {r['env']:8.2f} | {r['inference']:10.2f} | {r['learn']:10.2f} "
-            f"| {r['cpu']:6.0f} | {limit:6.0f} | {100 * r['sps'] / limit:7.0f}% |"
+            f"| {r['cpu']:6.0f} | {10 * r['cpu'] / r['sps']:11.2f} | {limit:6.0f} | {100 * r['sps'] / limit:7.0f}% |"
         )
 
 
