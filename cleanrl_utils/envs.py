@@ -178,6 +178,9 @@ class ALEVectorEnv:
     training episode as ``atari_wrappers.EpisodicLifeEnv`` decides it (fewer lives, some left) and the
     game goes on. Rewards come out clipped to their sign, and as EnvPool does, ``info["reward"]``
     holds the raw score and ``info["terminated"]`` the game over, so ``EnvPoolGames`` counts whole games.
+    Where it differs from ``ppo_atari.py``'s wrappers: the stack starts with zero frames (ours repeats
+    the first), the no-op starts and FIRE on reset are ALE's own (other first frames after a reset), and
+    a lost life is followed by a real transition (as in EnvPool), not by a reset step that presses FIRE.
     """
 
     def __init__(self, env_id: str, num_envs: int, seed: int, num_threads: int = 0, noop_max: int = 30,
