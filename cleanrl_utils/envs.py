@@ -160,6 +160,10 @@ def ale_rom(env_id: str) -> str:
 
     from ale_py import roms
 
+    try:
+        from ale_py.vector_env import AtariVectorEnv  # noqa: F401
+    except ImportError:
+        fail("--vector-mode ale: needs ale-py >= 0.11, which ships AtariVectorEnv (pip install -U ale-py)")
     game = env_id.removeprefix("ALE/").split("-")[0].removesuffix("NoFrameskip")
     rom = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", game).lower()
     if rom not in roms.get_all_rom_ids():
