@@ -2,7 +2,7 @@
 
 Launch:
     python cleanrl/appo_atari.py                                  # Breakout, 2 actors x 4 envs
-    python cleanrl/appo_atari.py --env-backend envpool --env-id Breakout-v5
+    python cleanrl/appo_atari.py --env-backend envpool --env-id Breakout-v5   # or --env-backend ale
     torchrun --standalone --nproc_per_node=2 cleanrl/appo_atari.py --num-envs 16
     python cleanrl/appo_atari.py --resume runs/<run-name>
 
@@ -10,9 +10,9 @@ The architecture, the off-policy correction (V-trace targets, PPO clipping again
 policy) and the lifecycle are appo.py's; read that file's docstring first. What differs is Atari:
 the standard preprocessing and Nature CNN of ppo_atari.py, uint8 frames in the shared-memory
 slots (a slot of 4 envs x 129 frames is 14.6 MB), and a choice of env backend inside each actor:
-gymnasium's vector env with cleanrl_utils/atari_wrappers.py, or EnvPool (one C++ thread per
-actor; the actors are the parallelism). With EnvPool a lost life terminates the training
-episode without a reset step, so the step that only resets an env follows a game over or a
+gymnasium's vector env with cleanrl_utils/atari_wrappers.py, EnvPool, or ALE's own vector env (one
+C++ thread per actor: the actors are the parallelism). With the C++ envs a lost life terminates the
+training episode without a reset step, so a step that only resets an env follows a game over or a
 truncation, as in ppo_atari_envpool.py.
 
 Reference figures: benchmark/appo_throughput.sh.
@@ -37,7 +37,7 @@ from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks
-from cleanrl_utils.envs import EnvPoolGames, EnvSnapshot, check_env_id, envpool_atari_task
+from cleanrl_utils.envs import ALEVectorEnv, EnvPoolGames, EnvSnapshot, atari_actions, check_env_id, envpool_atari_task
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.param_server import ParameterServer
@@ -79,9 +79,9 @@ class Args:
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the Atari game: an ALE id for the gymnasium backend, an EnvPool task (e.g. Breakout-v5) for envpool"""
-    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
-    """what steps the envs inside each actor"""
+    """the Atari game: an ALE id for the gymnasium backend, an EnvPool task (e.g. Breakout-v5) for envpool and ale"""
+    env_backend: Literal["gymnasium", "envpool", "ale"] = "gymnasium"
+    """what steps the envs inside each actor: gymnasium, EnvPool or ale-py's AtariVectorEnv"""
     total_timesteps: int = 10_000_000
     """env steps the learners train on, summed over all envs of all ranks (dropped rollouts not counted)"""
     num_actors: int = 2
@@ -162,6 +162,8 @@ def validate(args: Args, ranks: Ranks) -> None:
     check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
     if args.env_backend == "envpool":
         envpool_atari_task(args.env_id)  # an EnvPool Atari id, or an ALE id of the same game
+    elif args.env_backend == "ale":
+        ALEVectorEnv.check(args.env_id)  # a game ale-py ships, named as EnvPool or gymnasium names it
     else:
         check_env_id(args.env_id, atari=True)
 
@@ -289,17 +291,19 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
 
 
 def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int], slots: dict, params, video_dir: str):
-    """One actor process: step its envs (gymnasium or EnvPool) with the newest policy, fill rollout slots."""
+    """One actor process: step its envs (gymnasium, EnvPool or ALE) with the newest policy, fill rollout slots."""
     with channel.running(actor_id):  # Ctrl-C is the learner's; an exception reaches it as one error
         torch.set_num_threads(1)
-        if args.env_backend == "envpool":
+        if args.env_backend == "ale":  # env i is seeded seeds[0] + i, like the gymnasium backend's
+            envs = ALEVectorEnv(args.env_id, len(seeds), seeds[0], num_threads=1)  # one C++ thread per actor
+        elif args.env_backend == "envpool":
             import envpool
 
-            # env i is seeded seeds[0] + i, like the gymnasium backend's; one C++ thread per actor
             envs = envpool.make(
                 envpool_atari_task(args.env_id), env_type="gymnasium", num_envs=len(seeds), num_threads=1,
                 seed=seeds[0], episodic_life=True, reward_clip=True, noop_max=30,
             )  # fmt: skip
+        if args.env_backend != "gymnasium":
             next_obs, _ = envs.reset()
             games = EnvPoolGames(len(seeds))  # whole-game scores, and which env's next step only resets it
         else:
@@ -327,7 +331,7 @@ def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int
                 slots["rewards"][slot, step] = torch.from_numpy(reward)
                 slots["terminations"][slot, step] = torch.from_numpy(terminated)
                 slots["dones"][slot, step] = torch.from_numpy(done)
-                if args.env_backend == "envpool":  # whole games, unclipped scores; reset steps count for nothing
+                if args.env_backend != "gymnasium":  # whole games, unclipped scores; reset steps count for nothing
                     episodes += [(score, length) for _, score, length in games.update(infos, truncated)]
                     next_reset = games.reset_next
                 else:
@@ -359,15 +363,8 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    obs_shape = (4, 84, 84)  # both backends: 4 stacked 84x84 grayscale frames
-    if args.env_backend == "envpool":
-        import envpool
-
-        n_actions = int(envpool.make_spec(envpool_atari_task(args.env_id)).action_space.n)
-    else:
-        probe = gym.make(args.env_id)
-        n_actions = int(probe.action_space.n)
-        probe.close()
+    obs_shape = (4, 84, 84)  # every backend: 4 stacked 84x84 grayscale frames
+    n_actions = atari_actions(args.env_id)  # the game's minimal action set, as every backend uses it
 
     agent = Agent(n_actions).to(device, memory_format=torch.channels_last)
     if distributed:  # one set of initial weights: rank 0's

@@ -44,7 +44,7 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.envs import ALEVectorEnv, EnvPoolGames, EpisodeVideo, ale_rom, envpool_atari_task
+from cleanrl_utils.envs import ALEVectorEnv, EnvPoolGames, EpisodeVideo, envpool_atari_task
 from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_batch, require_positive, setup_run
 
@@ -139,7 +139,7 @@ def validate(args: Args) -> None:
         fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     require_batch(args)
     if args.vector_mode == "ale":
-        ale_rom(args.env_id)  # a game ale-py ships, named as EnvPool or gymnasium names it
+        ALEVectorEnv.check(args.env_id)  # a game ale-py ships, named as EnvPool or gymnasium names it
         if args.capture_video:
             fail("--capture-video: not with --vector-mode ale (ALE's vector env renders no frames)")
     else:

@@ -153,22 +153,39 @@ def envpool_atari_task(env_id: str) -> str:
     return name
 
 
-def ale_rom(env_id: str) -> str:
+def ale_rom(env_id: str, vector: bool = False) -> str:
     """The ALE ROM of the game ``--env-id`` names (``BreakoutNoFrameskip-v4``, ``ALE/Breakout-v5`` and
-    ``Breakout-v5`` are ``breakout``). One line and exit 2 for a game ale-py does not ship."""
+    EnvPool's ``Breakout-v5`` are ``breakout``); ``vector``: ALE's vector env must exist too. One line
+    and exit 2 for a game ale-py does not ship."""
     import re
 
+    import ale_py
     from ale_py import roms
 
     try:
         from ale_py.vector_env import AtariVectorEnv  # noqa: F401
     except ImportError:
-        fail("--vector-mode ale: needs ale-py >= 0.11, which ships AtariVectorEnv (pip install -U ale-py)")
+        if vector:
+            fail("ALE's vector env needs ale-py >= 0.11, which ships AtariVectorEnv (pip install -U ale-py)")
+    gym.register_envs(ale_py)
+    if env_id in gym.registry and "game" in gym.registry[env_id].kwargs:  # gymnasium's own ALE ids
+        return gym.registry[env_id].kwargs["game"]
     game = env_id.removeprefix("ALE/").split("-")[0].removesuffix("NoFrameskip")
     rom = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", game).lower()
     if rom not in roms.get_all_rom_ids():
         fail(f"--env-id {env_id}: not an Atari game of ale-py (ROM {rom!r} not in ale_py.roms.get_all_rom_ids())")
     return rom
+
+
+def atari_actions(env_id: str) -> int:
+    """Actions of the game's minimal action set: what gymnasium's ALE envs, EnvPool and ALE's vector env use."""
+    import ale_py
+    from ale_py import roms
+
+    ale = ale_py.ALEInterface()
+    ale.setLoggerMode(ale_py.LoggerMode.Error)
+    ale.loadROM(roms.get_rom_path(ale_rom(env_id)))
+    return len(ale.getMinimalActionSet())
 
 
 class ALEVectorEnv:
@@ -200,6 +217,11 @@ class ALEVectorEnv:
         self.single_observation_space = self.env.single_observation_space
         self.single_action_space = self.env.single_action_space
         self.lives = np.zeros(num_envs, dtype=np.int64)
+
+    @staticmethod
+    def check(env_id: str) -> None:
+        """Before any work: one line and exit 2 unless ``env_id`` names a game and ale-py has its vector env."""
+        ale_rom(env_id, vector=True)
 
     def reset(self) -> tuple[np.ndarray, dict[str, Any]]:
         """Env i starts with seed ``seed + i``."""

@@ -233,7 +233,9 @@ SMALL_ATARI = [
 ]
 
 
-@pytest.mark.parametrize("backend, env_id", [("gymnasium", "BreakoutNoFrameskip-v4"), ("envpool", "Breakout-v5")])
+@pytest.mark.parametrize(
+    "backend, env_id", [("gymnasium", "BreakoutNoFrameskip-v4"), ("envpool", "Breakout-v5"), ("ale", "Breakout-v5")]
+)
 def test_appo_atari_runs_with_either_backend(tmp_path, backend, env_id):
     run_script(
         "appo_atari.py",
@@ -252,6 +254,10 @@ def test_appo_atari_runs_with_either_backend(tmp_path, backend, env_id):
     assert {"charts/SPS", "losses/value_loss", "perf/learner_idle_fraction", "perf/policy_lag"} <= scalars.keys()
     assert all(np.isfinite(v) for _, v in scalars["losses/value_loss"])
     assert final_checkpoint(tmp_path / "runs/r")["global_step"] == 1024
+    # whole games over all lives (random play ends a few Breakout games in 256 steps per env): raw scores
+    games = scalars["charts/episodic_return"]
+    assert games and all(v == int(v) >= 0 for _, v in games)
+    assert all(length > 100 for _, length in scalars["charts/episodic_length"])  # five lives, not one
 
 
 @pytest.mark.parametrize(

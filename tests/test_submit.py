@@ -220,6 +220,7 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 SlurmctldPort={ctld}
 SlurmdPort={slurmd_port}
 StateSaveLocation={root}/state
@@ -306,21 +307,24 @@ def queue_empty(job: str) -> bool:
 
 
 def start_requeued(job: str, log: Path, attempts: int, timeout: float = 150) -> None:
-    """Wait until attempt number ``attempts`` has resumed, lifting SLURM's requeue hold (a requeued job is
-    not eligible for about two minutes) each time the job is seen back in the queue: a single update sent
-    before the requeue is through would do nothing."""
+    """Wait until attempt number ``attempts`` has resumed. A requeued job waits for its old credential
+    to expire (``cred_expire``, 10 s on the test cluster); forcing an earlier start (``scontrol update
+    StartTime=now``) races with it: slurmd kills the new attempt at launch ("Job credential revoked")."""
 
     def resumed() -> bool:
-        states = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout
-        if "PENDING" in states.split():
-            subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True)
         return log.exists() and log.read_text().count("resuming from") >= attempts - 1
 
     try:
         wait_for(resumed, timeout, f"attempt {attempts} to resume")
     except AssertionError as e:  # say what SLURM and the run were doing
         job_info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-        raise AssertionError(f"{e}\n{job_info}\n{log.read_text()[-3000:] if log.exists() else 'no log'}") from None
+        daemons = Path(os.environ.get("SLURM_CONF", "/nonexistent")).parent / "log"
+        tails = "".join(
+            f"\n{f.name}:\n" + "\n".join(f.read_text().splitlines()[-25:]) for f in sorted(daemons.glob("*.log"))
+        )
+        raise AssertionError(
+            f"{e}\n{job_info}\n{log.read_text()[-3000:] if log.exists() else 'no log'}{tails}"
+        ) from None
 
 
 def submit(cwd: Path, *argv: str) -> str:
