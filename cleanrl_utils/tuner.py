@@ -25,9 +25,14 @@ ending in ``.log``), or PostgreSQL to share it between machines; running the sam
 resumes it. A trial whose worker is lost (SIGKILL, a preemption or requeue, a node gone; noticed on
 its machine at once, elsewhere after three silent ``--heartbeat`` intervals) is resumed, not
 replaced: its parameters run again and its runs continue with ``--resume`` from their own last
-checkpoints, up to ``--max-resumes`` times (``cleanrl_utils/trials.py``). A run that crashes or goes
-NaN fails its trial, with the path of its log; that trial is not retried. The end prints the best trials, writes ``runs/<study>/best_params.json``
-and the command lines that reproduce the best trial.
+checkpoints, up to ``--max-resumes`` times. A run that crashes or goes NaN fails its trial, with
+the path of its log; that trial is not retried. The end prints the best trials, writes
+``runs/<study>/best_params.json`` and the command lines that reproduce the best trial.
+
+The parts: this file holds the study, the supervisor of its worker processes and the final report;
+``tuner_worker.py`` a worker's trials (runs, live reports, pruning, stops); ``trials.py`` a trial's
+life in the storage (claim, heartbeat, lost and resumed); ``tuner_spaces.py`` the search spaces and
+the objective's maths.
 
 Python API (CleanRL's ``Tuner`` arguments are accepted, so its tuning examples keep working)::
 
@@ -41,14 +46,11 @@ Python API (CleanRL's ``Tuner`` arguments are accepted, so its tuning examples k
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
-import math
 import multiprocessing
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import sys
@@ -64,29 +66,9 @@ import optuna
 import tyro
 from optuna.trial import TrialState
 
-from cleanrl_utils.benchmark import (
-    _die_with_parent,
-    check_script_args,
-    device_slots,
-    last_line,
-    launch,
-    locate_script,
-    stop_group,
-    thread_env,
-)
-from cleanrl_utils.checkpoint import list_checkpoints
-from cleanrl_utils.scores import AGGREGATIONS, load_reference_file, normalize, reference_scores
-from cleanrl_utils.tb import ScalarReader
-from cleanrl_utils.trials import (
-    Heartbeat,
-    Watcher,
-    census,
-    claim_trial,
-    error_of,
-    lineage,
-    lose_trial,
-    worker_record,
-)
+from cleanrl_utils.benchmark import device_slots, locate_script
+from cleanrl_utils.scores import AGGREGATIONS, load_reference_file, reference_scores
+from cleanrl_utils.trials import Watcher, census, claim_trial, error_of, lineage, lose_trial  # noqa: F401 (claim_trial)
 from cleanrl_utils.tuner_spaces import (  # noqa: F401 (re-exported: tuner.SPACES, tuner.run_score...)
     FAMILIES,
     MUJOCO,
@@ -100,27 +82,14 @@ from cleanrl_utils.tuner_spaces import (  # noqa: F401 (re-exported: tuner.SPACE
     space_params_fn,
     trial_value,
 )
+from cleanrl_utils.tuner_worker import dispose, repo_relative, run_worker
 
 REPO = Path(__file__).resolve().parents[1]
-# exit codes of a run stopped by SIGTERM or SIGINT (it wrote a checkpoint): stopped from outside, not failed
-STOPPED = {128 + signal.SIGTERM, -signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGINT}
 
 
 # --------------------------------------------------------------------------------------------
-# The tuner
+# The tuner: the study, its workers' supervisor, the final report (a worker's trials: tuner_worker.py)
 # --------------------------------------------------------------------------------------------
-@dataclass
-class RunSpec:
-    env_id: str
-    seed: int
-    name: str
-    argv: list[str]
-    log: Path
-    run_dir: Path
-    total: int
-    resume_step: int | None = None  # the checkpoint this run continues from (a resumed trial)
-
-
 class Tuner:
     """An Optuna study over one training script; ``tune(num_trials, num_seeds)`` runs it to the end."""
 
@@ -177,7 +146,7 @@ class Tuner:
                 "envs (give --reference-scores FILE)"
             )
         if params_fn is None:
-            params_fn = space_params_fn(space if space is not None else SPACES.get(_repo_relative(self.script), {}))
+            params_fn = space_params_fn(space if space is not None else SPACES.get(repo_relative(self.script), {}))
         self.params_fn = params_fn
         self.space = space
         self.metric, self.direction = metric, direction
@@ -232,7 +201,7 @@ class Tuner:
     def config(self, num_seeds: int) -> dict[str, Any]:
         """What makes two runs of the tuner the same study; a re-run that differs is refused."""
         return {
-            "script": _repo_relative(self.script),
+            "script": repo_relative(self.script),
             "env_ids": self.env_ids,
             "num_seeds": num_seeds,
             "start_seed": self.start_seed,
@@ -266,9 +235,9 @@ class Tuner:
                 f"study {self.study_name} in {self.storage_url} was started with {key}={saved.get(key)!r}, "
                 f"now {config[key]!r}: give another --study-name"
             )
-        _dispose(storage)
+        dispose(storage)
         print(
-            f"[tuner] study {self.study_name} ({self.storage_url}): {num_trials} trials of {_repo_relative(self.script)} "
+            f"[tuner] study {self.study_name} ({self.storage_url}): {num_trials} trials of {repo_relative(self.script)} "
             f"on {', '.join(self.env_ids)} x {num_seeds} seeds, {self.workers} workers; join from another machine "
             f"with the same command and --storage <shared url> --study-name {self.study_name}",
             flush=True,
@@ -299,7 +268,7 @@ class Tuner:
         procs = {}
 
         def start(index: int) -> None:
-            proc = ctx.Process(target=self._worker_main, args=(index, slots[index]), daemon=False)
+            proc = ctx.Process(target=run_worker, args=(self, index, slots[index]), daemon=False)
             proc.start()
             procs[index] = proc
 
@@ -345,7 +314,7 @@ class Tuner:
             raise SystemExit(143 if stopping else 130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
-            _dispose(storage)
+            dispose(storage)
 
     def study_done(self, study: optuna.Study) -> bool:
         count = census(study)
@@ -390,255 +359,6 @@ class Tuner:
         )
 
     # ----------------------------------------------------------------------------------------
-    def _worker_main(self, index: int, slot: dict[str, str]) -> None:
-        _die_with_parent()  # a killed tuner takes its workers (and through them their runs) along
-        self.interrupted = False
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards Ctrl-C as SIGTERM
-        self.worker_index, self.slot = index, slot
-        self.state_file = self.out_dir / "workers" / f"{socket.gethostname()}-{os.getpid()}.json"
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        sampler = self.worker_sampler(index)
-        storage = self.storage()
-        study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler, pruner=self.pruner)
-        watcher = Watcher(grace=3 * self.heartbeat)
-        try:
-            while not self.interrupted:
-                watcher.resume_lost(study, self.max_resumes)
-                count = census(study)
-                if count.finished >= self.num_trials:
-                    break
-                if count.failed >= self.max_failures:
-                    print(f"[tuner] {count.failed} trials failed (--max-failures {self.max_failures}): stopping",
-                          flush=True)  # fmt: skip
-                    break
-                if count.invalid >= 100 + 10 * self.num_trials:
-                    print(f"[tuner] {count.invalid} sampled settings failed the script's validation: fix the space",
-                          flush=True)  # fmt: skip
-                    break
-                if count.finished + count.running >= self.num_trials and not count.waiting:
-                    time.sleep(self.poll)  # the last trials run elsewhere; one may yet fail or be lost
-                    continue
-                trial = claim_trial(study, self.num_trials)
-                if trial is None:
-                    continue
-                self.run_trial(study, trial)
-        finally:
-            _dispose(storage)
-            with contextlib.suppress(OSError):
-                self.state_file.unlink()
-        sys.exit(0)
-
-    def worker_sampler(self, index: int) -> optuna.samplers.BaseSampler:
-        """Worker ``index``'s sampler: seeded ``sampler_seed + index`` when a seed is given, else reseeded at
-        random (forked copies of one sampler would otherwise propose the same values)."""
-        kind = type(self.sampler) if self.sampler is not None else optuna.samplers.TPESampler
-        if self.sampler_seed is not None and kind in (optuna.samplers.TPESampler, optuna.samplers.RandomSampler):
-            return kind(seed=self.sampler_seed + index)
-        sampler = copy.deepcopy(self.sampler) if self.sampler is not None else kind()
-        with contextlib.suppress(AttributeError):
-            sampler.reseed_rng()
-        return sampler
-
-    def _on_sigterm(self, signum, frame) -> None:
-        self.interrupted = True
-
-    def write_state(self, trial_number: int | None, procs: list) -> None:
-        self.state_file.write_text(json.dumps({"trial": trial_number, "pgids": [p.pid for p in procs]}))
-
-    def plan_runs(
-        self, number: int, params: dict[str, Any], resume: bool = False
-    ) -> tuple[list[RunSpec] | None, str | None]:
-        """The runs of lineage ``number``, checked with the script's own validation; (None, error) if one
-        is invalid. With ``resume``, a run that holds checkpoints continues from its last one (``--resume``);
-        one that holds none starts again in an emptied directory (the points it logged would repeat)."""
-        runs = []
-        for env_id in self.env_ids:
-            for seed in self.seeds:
-                name = f"{self.study_name}/t{number:04d}/{env_id.replace('/', '-')}__{seed}"
-                flags = [*flag_args(params), *self.extra_args, "--env-id", env_id, "--seed", str(seed)]
-                args, error = check_script_args(self.script, flags)
-                if error:
-                    return None, error
-                if args is not None and hasattr(args, "progress"):
-                    flags.append("--no-progress")
-                if args is not None and hasattr(args, "threads") and "threads" not in _keys(params, self.extra_args):
-                    flags += ["--threads", str(self.threads_per_run)]
-                total = getattr(args, "total_timesteps", None) or params.get("total-timesteps") or 0
-                run_dir, step = Path("runs") / name, None
-                if resume:
-                    found = list_checkpoints(run_dir / "checkpoints") if hasattr(args, "resume") else []
-                    if found:
-                        flags += ["--resume", str(run_dir)]
-                        step = int(found[-1].stem.split("_")[1])
-                    elif run_dir.exists():
-                        shutil.rmtree(run_dir)
-                argv = [sys.executable, str(self.script), *flags, "--run-name", name]
-                log = self.out_dir / "logs" / f"{name.split('/', 1)[1].replace('/', '__')}.log"
-                runs.append(RunSpec(env_id, seed, name, argv, log, run_dir, int(total), step))
-        return runs, None
-
-    def resume_lineage(self, study: optuna.Study, trial: optuna.Trial, runs: list[RunSpec]) -> int:
-        """A retry: report again what its lineage reported (the pruner sees it as never stopped), record
-        where each run resumes. Returns the last step already reported (0 for a new trial)."""
-        if "resume_of" not in trial.user_attrs:
-            return 0
-        lost = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.user_attrs["resume_of"])
-        for step, value in sorted(lost.intermediate_values.items()):
-            trial.report(value, step)
-        resumed_from = {run.name: run.resume_step or 0 for run in runs}
-        trial.set_user_attr("resumed_from", resumed_from)
-        where = ", ".join(f"{run.env_id} seed {run.seed} from step {run.resume_step or 0}" for run in runs)
-        print(f"[tuner] trial {trial.number} resumes trial {lost.number} (lineage {lineage(trial)}, resume "
-              f"{trial.user_attrs['resumes']} of at most {self.max_resumes}): {where}", flush=True)  # fmt: skip
-        return max(lost.intermediate_values, default=0)
-
-    def run_trial(self, study: optuna.Study, trial: optuna.Trial) -> None:
-        trial.set_user_attr("worker", worker_record())
-        heartbeat = Heartbeat(trial, self.heartbeat)
-        params = self.params_fn(trial)
-        if trial.user_attrs.get("params") is not None:  # a retry: exactly the values its lineage ran with
-            params = trial.user_attrs["params"]
-        trial.set_user_attr("params", params)  # every value passed to the runs, fixed ones included
-        retry = "resume_of" in trial.user_attrs
-        runs, error = self.plan_runs(lineage(trial), params, resume=retry)
-        if error:
-            heartbeat.stop()
-            trial.set_user_attr("invalid", True)  # not run: counts neither as a trial nor as a failure
-            trial.set_user_attr("error", f"invalid: {error}")
-            study.tell(trial, state=TrialState.FAIL)
-            print(f"[tuner] trial {trial.number} not run, its values fail the script's validation: {error}", flush=True)
-            return
-        reported = self.resume_lineage(study, trial, runs)
-        env = {**thread_env(self.threads_per_run), **self.slot}
-        procs = [launch(run.argv, run.log, env) for run in runs]
-        self.write_state(trial.number, procs)
-        readers = [ScalarReader(run.run_dir) for run in runs]
-        steps = [round(self.report_every * k * 100) for k in range(1, int(1 / self.report_every + 1e-9) + 1)]
-        steps = [s for s in steps if reported < s < 100]
-        try:
-            while any(p.poll() is None for p in procs):
-                if self.interrupted:
-                    self.lose(study, trial, procs, heartbeat)
-                    return
-                time.sleep(self.poll)
-                for reader in readers:
-                    reader.update()
-                progress = min(reader.last_step() / max(run.total, 1) for reader, run in zip(readers, runs))
-                while steps and progress * 100 >= steps[0]:
-                    step = steps.pop(0)
-                    value = self.value(runs, readers, upto=step / 100)
-                    if value is None:
-                        continue
-                    trial.report(value, step)
-                    if trial.should_prune():
-                        for proc in procs:
-                            stop_group(proc, signal.SIGKILL)
-                        heartbeat.stop()
-                        trial.set_user_attr("pruned_at", step)
-                        study.tell(trial, state=TrialState.PRUNED)
-                        print(f"[tuner] trial {trial.number} pruned at {step}% of its budget ({value:.4g})", flush=True)
-                        return
-            if self.interrupted or any(p.returncode in STOPPED for p in procs):  # signalled from outside too
-                self.lose(study, trial, procs, heartbeat)
-                return
-            for reader in readers:
-                reader.update()
-            results = self.results(runs, readers, procs)
-            heartbeat.stop()
-            trial.set_user_attr("runs", results)
-            failed = next((r for r in results if r["returncode"] != 0), None)
-            if failed:
-                reason = (
-                    f"run {failed['run_dir']} exited {failed['returncode']}: {failed['last_line']}; log {failed['log']}"
-                )
-                trial.set_user_attr("error", reason)
-                study.tell(trial, state=TrialState.FAIL)
-                print(f"[tuner] trial {trial.number} failed: {reason}", flush=True)
-                return
-            value = self.value(runs, readers)
-            if value is None or not math.isfinite(value):
-                why = "a run ended no episode (raise --total-timesteps)" if value is None else f"its score is {value}"
-                reason = f"{why}; logs in {runs[0].log.parent}"
-                trial.set_user_attr("error", reason)
-                study.tell(trial, state=TrialState.FAIL)
-                print(f"[tuner] trial {trial.number} failed: {reason}", flush=True)
-                return
-            study.tell(trial, value)
-            self.log_wandb(trial, params, results, value)
-        finally:
-            heartbeat.stop()
-            for proc in procs:
-                if proc.poll() is None:
-                    stop_group(proc, signal.SIGKILL)
-            self.write_state(None, [])
-
-    def lose(self, study: optuna.Study, trial: optuna.Trial, procs: list, heartbeat: Heartbeat) -> None:
-        """Stopped from outside (SIGTERM to the worker or its runs: a preemption, a requeue, Ctrl-C): the runs
-        write their checkpoints and the trial waits to be resumed, here or by another worker."""
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            stop_group(proc, signal.SIGTERM, grace=20.0)
-        heartbeat.stop()
-        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
-        line = lose_trial(study, frozen, "its worker or runs were stopped (SIGTERM)", self.max_resumes)
-        if line:
-            print(line, flush=True)
-
-    def value(self, runs: list[RunSpec], readers: list[ScalarReader], upto: float | None = None) -> float | None:
-        """The trial's aggregated normalised score from its runs' points up to ``upto`` of the budget."""
-        scores: dict[str, list[float]] = {}
-        for run, reader in zip(runs, readers):
-            series = reader.get(self.metric)
-            limit = math.inf if upto is None else upto * run.total
-            score = run_score(series.steps, series.values, self.objective, self.window, limit)
-            if score is None:
-                return None
-            scores.setdefault(run.env_id, []).append(normalize(score, self.references[run.env_id]))
-        return trial_value(scores, self.aggregation)
-
-    def results(self, runs: list[RunSpec], readers: list[ScalarReader], procs: list) -> list[dict[str, Any]]:
-        out = []
-        for run, reader, proc in zip(runs, readers, procs):
-            series = reader.get(self.metric)
-            score = run_score(series.steps, series.values, self.objective, self.window)
-            sps = reader.get("charts/SPS").values
-            out.append(
-                {
-                    "env_id": run.env_id,
-                    "seed": run.seed,
-                    "score": score,
-                    "normalized": None if score is None else normalize(score, self.references[run.env_id]),
-                    "sps": sps[-1] if sps else None,
-                    "steps": reader.last_step(),
-                    "returncode": proc.returncode,
-                    "run_dir": str(run.run_dir),
-                    "log": str(run.log),
-                    "last_line": last_line(run.log) if proc.returncode else "",
-                    "command": shlex.join(["python", _repo_relative(self.script), *_without_resume(run.argv[2:])]),
-                }
-            )
-        return out
-
-    def log_wandb(self, trial: optuna.Trial, params: dict[str, Any], results: list[dict], value: float) -> None:
-        """With ``wandb_kwargs`` (CleanRL's API), one W&B run per trial with its scores."""
-        if not self.wandb_kwargs:
-            return
-        import wandb
-
-        run = wandb.init(
-            **self.wandb_kwargs,
-            config=params,
-            name=f"{self.study_name}_{trial.number}",
-            group=self.study_name,
-            reinit="create_new",
-        )
-        run.log({f"{r['env_id']}_seed{r['seed']}_return": r["score"] for r in results} | {"value": value})
-        run.finish()
-
-    # ----------------------------------------------------------------------------------------
     def report(self) -> optuna.trial.FrozenTrial | None:
         """The table of the best trials, ``best_params.json`` and the command lines of the best trial."""
         storage = self.storage()
@@ -659,7 +379,7 @@ class Tuner:
                   flush=True)  # fmt: skip
         if not complete:
             print("[tuner] no trial completed", flush=True)
-            _dispose(storage)
+            dispose(storage)
             return None
         print(f"\n| trial | value | {' | '.join(self.env_ids)} | params |")
         print(f"|---|---|{'---|' * len(self.env_ids)}---|")
@@ -678,7 +398,7 @@ class Tuner:
             "trial": best.number,
             "value": best.value,
             "params": best.user_attrs.get("params", best.params),
-            "script": _repo_relative(self.script),
+            "script": repo_relative(self.script),
             "runs": runs,
         }
         path = self.out_dir / "best_params.json"
@@ -687,7 +407,7 @@ class Tuner:
         for r in runs:  # recorded with the project's path of the script; printed as it runs from here
             command = locate_script(shlex.split(r["command"]))
             print("  " + shlex.join(command).replace(f" --run-name {r['run_dir'][len('runs/') :]}", ""))
-        _dispose(storage)
+        dispose(storage)
         return best
 
 
@@ -698,43 +418,12 @@ def _best(study: optuna.Study):
         return None
 
 
-def _dispose(storage) -> None:
-    engine = getattr(storage, "engine", None)
-    if engine is not None:
-        engine.dispose()
-
-
-def _repo_relative(path: Path) -> str:
-    path = Path(path).resolve()
-    with contextlib.suppress(ValueError):
-        return str(path.relative_to(REPO))
-    return str(path)
-
-
-def _without_resume(flags: list[str]) -> list[str]:
-    """A run's flags without ``--resume DIR`` (a resumed run's command, as one uninterrupted run)."""
-    out, skip = [], False
-    for flag in flags:
-        if skip:
-            skip = False
-        elif flag == "--resume":
-            skip = True
-        else:
-            out.append(flag)
-    return out
-
-
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "-", name).strip("-")
 
 
 def _short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def _keys(params: dict[str, Any], extra_args: list[str]) -> set[str]:
-    keys = {k.replace("-", "_") for k in params}
-    return keys | {a[2:].replace("-", "_") for a in extra_args if a.startswith("--")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -830,7 +519,7 @@ def build(args: Args) -> Tuner:
     if args.space:
         space = load_space(args.space)
     else:
-        space = dict(SPACES.get(_repo_relative(REPO / script if not Path(script).exists() else Path(script)), {}))
+        space = dict(SPACES.get(repo_relative(REPO / script if not Path(script).exists() else Path(script)), {}))
     for item in args.fixed:
         key, sep, value = item.partition("=")
         if not sep or not key:
