@@ -3,8 +3,8 @@
     RESUME_RECORD=dir torchrun --nproc-per-node=M tests/record_resume.py cleanrl.ppo_atari_multigpu --resume ...
 
 Writes ``dir/rank<r>.pt`` with the digest of every env's state right after the script restored it
-(``set_vector_state``, captured again), and the observations and parameters the policy's first
-action is computed from, so a test can compare them with what the checkpoint saved.
+(``set_vector_state``, captured again), and the observations, parameters and torch generator the
+policy's first action is computed from, so a test can compare them with what the checkpoint saved.
 """
 
 import importlib
@@ -36,6 +36,7 @@ act = module.Agent.act
 def first_act(self, x):
     if "first_obs" not in record:
         record["first_obs"], record["parameters_sha256"] = x.detach().cpu().clone(), parameters_digest(self)
+        record["torch_rng"] = torch.get_rng_state()  # the generator the first actions are sampled with
         out.parent.mkdir(parents=True, exist_ok=True)
         torch.save(record, out)
     return act(self, x)

@@ -415,6 +415,7 @@ def test_resume_on_another_world_size_continues_every_env(tmp_path):
     every env's state and next observation exactly as saved (env i stays env i); a world size that
     does not divide the envs is refused with one line naming the sizes that work."""
     from cleanrl_utils.checkpoint import content_digest
+    from cleanrl_utils.distributed import _derived
 
     checked(torchrun(SCRIPT, *SMALL, "--total-timesteps", "256", "--run-name", "r", cwd=tmp_path))
     saved = final_checkpoint(tmp_path / "runs/r")
@@ -434,6 +435,11 @@ def test_resume_on_another_world_size_continues_every_env(tmp_path):
         assert [d for rec in records for d in rec["envs"]] == saved_envs  # every env's state, in global order
         assert torch.equal(torch.cat([rec["first_obs"] for rec in records]), saved_obs.float())
         assert {rec["parameters_sha256"] for rec in records} == {saved["ranks"][0]["parameters_sha256"]}
+        # ranks that existed keep their generators; a new rank's are derived from a saved one and its index
+        expected = [r["rng"]["torch"] if i < 2 else _derived(saved["ranks"][i % 2]["rng"], i)["torch"]
+                    for i, r in enumerate(saved["ranks"] * 2)][:world_size]  # fmt: skip
+        assert all(torch.equal(rec["torch_rng"], rng) for rec, rng in zip(records, expected, strict=True))
+        assert len({content_digest(rec["torch_rng"]) for rec in records}) == world_size  # no two ranks alike
         resumed = final_checkpoint(cwd / "runs/r")
         assert resumed["world_size"] == world_size and resumed["global_step"] == 384
         assert [s for r in resumed["ranks"] for s in r["env_seeds"]] == [1, 2, 3, 4]
