@@ -282,19 +282,22 @@ def test_appo_rejects_bad_input(tmp_path, script, flags, fragment):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("learners", [1, 2])
-def test_appo_resumes_from_its_checkpoint(tmp_path, learners):
-    """The learners continue from the saved weights, optimizer, version and counters (actors start new episodes)."""
+@pytest.mark.parametrize("learners, resumed_by", [(1, 1), (2, 2), (2, 1)])
+def test_appo_resumes_from_its_checkpoint(tmp_path, learners, resumed_by):
+    """The learners continue from the saved weights, optimizer, version and counters (actors start new
+    episodes), also on another number of learners (the global --num-envs is kept)."""
     flags = ["--num-actors", "1", "--num-envs", "4", "--num-steps", "16", "--update-epochs", "2"]
     flags += ["--total-timesteps", "1024", "--checkpoint-interval", "512", "--run-name", "r", "--no-progress"]
-    launch = [sys.executable]
-    if learners == 2:
-        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+
+    def launch(n: int) -> list[str]:
+        return [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"] * (n > 1))]
+
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    for cwd, extra in ((a, flags), (b, ["--resume", str(a / "runs/r/checkpoints/ckpt_00000512.pt"), "--no-progress"])):
+    resume = ["--resume", str(a / "runs/r/checkpoints/ckpt_00000512.pt"), "--no-progress"]
+    for cwd, extra, n in ((a, flags, learners), (b, resume, resumed_by)):
         proc = subprocess.run(
-            [*launch, str(SCRIPTS / "appo.py"), *extra],
+            [*launch(n), str(SCRIPTS / "appo.py"), *extra],
             cwd=cwd,
             env=script_env(),
             capture_output=True,
@@ -309,5 +312,6 @@ def test_appo_resumes_from_its_checkpoint(tmp_path, learners):
     assert not same_parameters(saved["model"], final["model"])
     # Adam's step count: 16 updates x 2 epochs, so the resumed run kept the saved optimizer state
     assert all(int(state["step"]) == 32 for state in final["optimizer"]["state"].values())
-    assert len(final["ranks"]) == learners and len({r["parameters_sha256"] for r in final["ranks"]}) == 1
+    assert len(final["ranks"]) == resumed_by and len({r["parameters_sha256"] for r in final["ranks"]}) == 1
+    assert (f"({learners} processes -> {resumed_by})" in proc.stdout + proc.stderr) == (learners != resumed_by)
     assert min(step for step, _ in read_scalars(b / "runs/r")["charts/SPS"]) == 512 + 64  # logs go on after it
