@@ -339,29 +339,36 @@ def test_killed_tuner_resumes_the_orphaned_trial_exactly_on_the_real_script(tmp_
     assert not processes_with_marker(marker)
 
 
-def test_run_stopped_alone_by_sigterm_resumes_its_trial(tmp_path, marker):
-    """A run SIGTERMed while its worker is not (an operator's kill, a per-process preemption) writes its
-    checkpoint and exits 143: its trial is lost and resumed from that checkpoint, not failed as a crash."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_run_signalled_alone_resumes_on_sigterm_and_fails_on_sigkill(tmp_path, marker, signum):
+    """A run signalled while its worker is not. SIGTERM (an operator's kill, a per-process preemption): it
+    writes its checkpoint and exits 143, and its trial is lost and resumed from that checkpoint. SIGKILL
+    (the kernel's out-of-memory killer): a crash like any other, the trial fails and is not retried."""
     space = {"quality": [0.5], "total-timesteps": 2000, "step-time": 0.1, "checkpoint-interval": 500}
     args = ("--script", FAKE, "--env-ids", "CartPole-v1", "--space", write_space(tmp_path / "space.json", space))
     args += ("--pruner", "none", "--study-name", "s", "--num-trials", "1", "--progress-interval", "1")
+    args += ("--max-failures", "1")
     env = script_env({"CLEANRL_TEST_MARKER": marker})
     tuner_proc = subprocess.Popen([sys.executable, TUNER, *args], cwd=tmp_path, env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     run_dir = tmp_path / "runs/s/t0000/CartPole-v1__1"
     wait_for(lambda: list((run_dir / "checkpoints").glob("ckpt_*.pt")), "the run's first checkpoint")
-    os.kill(int((run_dir / "pids").read_text().split()[0]), signal.SIGTERM)  # the run alone
+    os.kill(int((run_dir / "pids").read_text().split()[0]), signum)  # the run alone
     out, _ = tuner_proc.communicate(timeout=120)
-    assert tuner_proc.returncode == 0, out
-    log = (tmp_path / "runs/s/logs/t0000__CartPole-v1__1.log").read_text()
-    stopped = int(log.split("stopped by signal 15 at step ")[1].split()[0])
     study = load(f"sqlite:///{tmp_path}/runs/s/optuna.db", "s")
-    assert "SIGTERM" in study.user_attrs["error:0"] and "resumes trial 0" in out, out
-    (resumed,) = lineages(study).values()
-    assert resumed.state.name == "COMPLETE" and resumed.user_attrs["resumed_from"] == {
-        "s/t0000/CartPole-v1__1": stopped
-    }
-    assert f"resuming after step {stopped}" in log
+    log = (tmp_path / "runs/s/logs/t0000__CartPole-v1__1.log").read_text()
+    if signum == signal.SIGKILL:
+        assert tuner_proc.returncode == 1 and "resumes" not in out, out  # no trial completed
+        assert [t.state.name for t in study.get_trials()] == ["FAIL"]
+        assert "exited -9" in study.get_trials()[0].user_attrs["error"]
+    else:
+        assert tuner_proc.returncode == 0, out
+        stopped = int(log.split("stopped by signal 15 at step ")[1].split()[0])
+        assert "SIGTERM" in study.user_attrs["error:0"] and "resumes trial 0" in out, out
+        (resumed,) = lineages(study).values()
+        assert resumed.state.name == "COMPLETE"
+        assert resumed.user_attrs["resumed_from"] == {"s/t0000/CartPole-v1__1": stopped}
+        assert f"resuming after step {stopped}" in log
     assert not processes_with_marker(marker)
 
 
