@@ -5,16 +5,21 @@
 Tuner trials run the scripts with their own ``--checkpoint-interval`` default. For each script the same
 run is timed without periodic checkpoints (``--checkpoint-interval 0``: only the final one) and with
 one every ``K`` steps, alternating (0, K, 0, K, ...) so a noisy stretch of the machine hits both. The
-cost of one checkpoint is the difference divided by the checkpoints written; at the default interval D
-a run then writes one every D / SPS seconds (the most a preemption loses), and spends
-cost / (D / SPS) of its time on them (the overhead). Off-policy runs include their replay buffer
-(``--checkpoint-buffer``, which exact resume needs).
+cost of one checkpoint is the difference divided by the checkpoints written (it includes gathering
+the state: env snapshots, replay). Where that difference drowns in the machine's noise, the write
+itself bounds it from below: the run's final checkpoint is loaded and written again (torch.save,
+fsync, rename; the median of 5). At the default interval D a single-process run writes one every
+min(D / SPS, CHECKPOINT_SECONDS = 300) seconds (the most a preemption loses: cleanrl_utils/run.py
+also checkpoints every 5 minutes of wall clock), and spends the larger cost over that period on
+them (the overhead). Off-policy runs include their replay buffer (``--checkpoint-buffer``, which
+exact resume needs).
 """
 
 import argparse
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,6 +27,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cleanrl_utils.run import CHECKPOINT_SECONDS  # noqa: E402
 
 # script, flags, total steps, K (the measured interval), extra flags for the measured runs
 CASES = [
@@ -38,8 +46,12 @@ def default_interval(script: str) -> int:
     return int(re.search(r"checkpoint_interval: int = ([\d_]+)", text).group(1).replace("_", ""))
 
 
-def measure(script: str, flags: list[str], total: int, interval: int, extra: list[str]) -> tuple[float, float, int]:
-    """(wall s, CPU s, checkpoints written) of one run."""
+def measure(
+    script: str, flags: list[str], total: int, interval: int, extra: list[str]
+) -> tuple[float, float, float, float]:
+    """(wall s, CPU s) of one run, and (MB, median s to write it again) of its final checkpoint."""
+    from cleanrl_utils.checkpoint import list_checkpoints, load_checkpoint, write_state
+
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(REPO / "cleanrl" / script), *flags, "--total-timesteps", str(total)]
         cmd += ["--checkpoint-interval", str(interval), *extra, "--no-cuda", "--no-progress", "--run-name", "r"]
@@ -50,8 +62,14 @@ def measure(script: str, flags: list[str], total: int, interval: int, extra: lis
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        written = total // interval if interval else 1
-        return wall, cpu, written
+        final = list_checkpoints(Path(tmp) / "runs/r/checkpoints")[-1]
+        state = {k: v for k, v in load_checkpoint(final).items() if k not in ("format_version", "sha256")}
+        writes = []
+        for _ in range(5):
+            start = time.perf_counter()
+            write_state(state, Path(tmp) / "again.pt")
+            writes.append(time.perf_counter() - start)
+        return wall, cpu, final.stat().st_size / 2**20, statistics.median(writes)
 
 
 def main() -> None:
@@ -65,7 +83,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for interval in (0, k):
                 runs[interval].append(measure(script, flags, total, interval, extra))
-                wall, cpu, _ = runs[interval][-1]
+                wall, cpu, *_ = runs[interval][-1]
                 print(f"# {script} repeat {repeat} interval {interval}: {wall:.1f}s wall, {cpu:.1f} CPU s", flush=True)
         wall0 = min(r[0] for r in runs[0])  # the least disturbed run of each kind
         wallk = min(r[0] for r in runs[k])
@@ -74,17 +92,21 @@ def main() -> None:
         extra_checkpoints = total // k - 1  # the final checkpoint is in both
         cost = max(0.0, wallk - wall0) / extra_checkpoints
         cpu_cost = max(0.0, cpuk - cpu0) / extra_checkpoints
+        size = max(r[2] for r in runs[k])
+        write = statistics.median(r[3] for rs in runs.values() for r in rs)
         sps = total / wall0
         d = default_interval(script)
-        between = d / sps
-        rows.append((script, sps, cpu0 / total * 1e3, cost * 1e3, cpu_cost * 1e3, d, between, cost / between * 100))
+        between = min(d / sps, CHECKPOINT_SECONDS)
+        overhead = max(cost, write) / between * 100
+        rows.append((script, sps, cpu0 / total * 1e3, cost * 1e3, cpu_cost * 1e3, size, write * 1e3, d, between,
+                     overhead))  # fmt: skip
     print(f"\n{os.cpu_count()} cores, CPU device; best of {args.repeats} runs of each kind")
-    print("| script | SPS | CPU ms/step | ms per checkpoint (wall) | CPU ms per checkpoint | default interval "
-          "| s between checkpoints | overhead |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for script, sps, cpu_step, cost, cpu_cost, d, between, overhead in rows:
-        print(f"| {script} | {sps:,.0f} | {cpu_step:.2f} | {cost:.0f} | {cpu_cost:.0f} | {d:,} | {between:,.0f} "
-              f"| {overhead:.2f}% |")  # fmt: skip
+    print("| script | SPS | CPU ms/step | ms per checkpoint (run difference) | CPU ms per checkpoint | checkpoint MB "
+          "| ms to write it | default interval | s between checkpoints | overhead |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for script, sps, cpu_step, cost, cpu_cost, size, write, d, between, overhead in rows:
+        print(f"| {script} | {sps:,.0f} | {cpu_step:.2f} | {cost:.0f} | {cpu_cost:.0f} | {size:.1f} | {write:.0f} "
+              f"| {d:,} | {between:,.0f} | {overhead:.2f}% |")  # fmt: skip
 
 
 if __name__ == "__main__":
