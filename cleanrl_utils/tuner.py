@@ -82,9 +82,7 @@ from cleanrl_utils.tuner_spaces import (  # noqa: F401 (re-exported: tuner.SPACE
     space_params_fn,
     trial_value,
 )
-from cleanrl_utils.tuner_worker import dispose, repo_relative, run_worker
-
-REPO = Path(__file__).resolve().parents[1]
+from cleanrl_utils.tuner_worker import REPO, dispose, repo_relative, run_worker
 
 
 # --------------------------------------------------------------------------------------------
