@@ -436,8 +436,9 @@ def test_resume_on_another_world_size_continues_every_env(tmp_path):
         assert torch.equal(torch.cat([rec["first_obs"] for rec in records]), saved_obs.float())
         assert {rec["parameters_sha256"] for rec in records} == {saved["ranks"][0]["parameters_sha256"]}
         # ranks that existed keep their generators; a new rank's are derived from a saved one and its index
-        expected = [r["rng"]["torch"] if i < 2 else _derived(saved["ranks"][i % 2]["rng"], i)["torch"]
-                    for i, r in enumerate(saved["ranks"] * 2)][:world_size]  # fmt: skip
+        old = saved["ranks"]
+        expected = [old[r]["rng"]["torch"] if r < len(old) else _derived(old[r % len(old)]["rng"], r)["torch"]
+                    for r in range(world_size)]  # fmt: skip
         assert all(torch.equal(rec["torch_rng"], rng) for rec, rng in zip(records, expected, strict=True))
         assert len({content_digest(rec["torch_rng"]) for rec in records}) == world_size  # no two ranks alike
         resumed = final_checkpoint(cwd / "runs/r")
