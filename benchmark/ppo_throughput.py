@@ -105,7 +105,10 @@ def learner_only(
                 agent.evaluate(data["obs"], data["actions"])
         for _ in range(epochs):
             for mb_inds in torch.randperm(batch).view(minibatches, -1):
-                loss, _ = minibatch_loss(agent, {k: v[mb_inds] for k, v in data.items()}, True, 0.1, True, 0.01, 0.5)
+                mb = {k: v[mb_inds] for k, v in data.items()}
+                loss, _ = minibatch_loss(
+                    agent, mb, norm_adv=True, clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5
+                )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(agent.parameters(), 0.5)

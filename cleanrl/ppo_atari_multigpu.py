@@ -275,15 +275,17 @@ def weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (x * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-def minibatch_loss(agent: Agent, mb: dict[str, torch.Tensor], norm_adv: bool, clip_coef: float, clip_vloss: bool,
-                   ent_coef: float, vf_coef: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def minibatch_loss(
+    agent: Agent, mb: dict[str, torch.Tensor], *, norm_adv: bool, clip_coef: float, clip_vloss: bool, ent_coef: float,
+    vf_coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     """PPO's loss on minibatch ``mb`` (clipped surrogate, optionally clipped value loss, entropy bonus), whose
     rows weigh ``mb["weights"]``: 1 for a transition, 0 for a step that only reset its env.
 
     Every mean is weighted and advantages are normalised over the weighted rows, so the loss and its
     gradients are those of the transitions alone, while the minibatch keeps one size every iteration
-    (no data-dependent shapes: torch.compile compiles it once, cuDNN plans once). Returns the loss and,
-    detached, (policy loss, value loss, entropy, old approx KL, approx KL, clip fraction).
+    (no data-dependent shapes: torch.compile compiles it once, cuDNN plans once). Returns the loss and its
+    statistics by name (0-d tensors, detached), named as they are logged under ``losses/``.
     """
     w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]
     newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
@@ -300,8 +302,10 @@ def minibatch_loss(agent: Agent, mb: dict[str, torch.Tensor], norm_adv: bool, cl
     v_loss = 0.5 * weighted_mean(v_loss, w)
     entropy_loss = weighted_mean(entropy, w)
     with torch.no_grad():
-        kl_clip = (-logratio, (ratio - 1) - logratio, ((ratio - 1.0).abs() > clip_coef).float())
-        stats = torch.stack([pg_loss, v_loss, entropy_loss, *(weighted_mean(x, w) for x in kl_clip)])
+        stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach()}
+        stats["old_approx_kl"] = weighted_mean(-logratio, w)
+        stats["approx_kl"] = weighted_mean((ratio - 1) - logratio, w)
+        stats["clipfrac"] = weighted_mean(((ratio - 1.0).abs() > clip_coef).float(), w)
     return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, stats
 
 
@@ -366,9 +370,9 @@ def main() -> None:
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
     act = torch.compile(agent.act, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else agent.act
     loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
-    loss_coefs = (args.norm_adv, args.clip_coef, args.clip_vloss, args.ent_coef, args.vf_coef)
+    loss_coefs = {k: getattr(args, k) for k in ("norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef")}
 
-    # ROLLOUT STORAGE, step t: obs_t, its action and what stepping returned; the policy's side on the device
+    # ROLLOUT STORAGE, step t: obs_t, its action, what stepping returned; the policy's side on the device
     shape = (args.num_steps, local_num_envs)
     obs = torch.zeros((*shape, *obs_shape), dtype=torch.uint8, device=device)
     actions = torch.zeros(shape, dtype=torch.long, device=device)
@@ -438,7 +442,7 @@ def main() -> None:
             for _epoch in range(args.update_epochs):
                 for mb_inds in torch.randperm(len(batch["obs"]), device=device).view(args.num_minibatches, -1):
                     mb = {k: v.index_select(0, mb_inds) for k, v in batch.items()}  # rows: 10x v[mb_inds] on a CPU
-                    loss, mb_stats = loss_fn(agent, mb, *loss_coefs)
+                    loss, mb_stats = loss_fn(agent, mb, **loss_coefs)
                     minibatch_stats.append(mb_stats)
 
                     optimizer.zero_grad(set_to_none=True)
@@ -454,7 +458,7 @@ def main() -> None:
                             all_reduce_mean_([p.data for p in params], world_size)  # local SGD: average the parameters
 
                 if args.target_kl is not None:
-                    kl = mb_stats[4:5].clone()  # the last minibatch's approx KL
+                    kl = mb_stats["approx_kl"].clone()  # the last minibatch's approx KL
                     if distributed:  # one decision for all ranks
                         all_reduce_mean_([kl], world_size)
                     if kl.item() > args.target_kl:
@@ -472,18 +476,14 @@ def main() -> None:
             gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
             if ranks.is_main:
                 log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
-                stats = torch.stack(minibatch_stats)  # the last minibatch's losses, all minibatches' clip fraction
-                stats = torch.cat((stats[-1, :5], stats[:, 5:].mean(0))).tolist()  # one read of the device
-                pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = stats
+                # the last minibatch\'s losses and KL, the clip fraction of all minibatches
+                stats = {**mb_stats, "clipfrac": torch.stack([s["clipfrac"] for s in minibatch_stats]).mean()}
+                stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # one read of the device
                 var_y = np.var(returns[valid > 0])
                 explained_var = np.nan if var_y == 0 else 1 - np.var(returns[valid > 0] - values_np[valid > 0]) / var_y
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("losses/value_loss", v_loss, global_step)
-                writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-                writer.add_scalar("losses/entropy", entropy_loss, global_step)
-                writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-                writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-                writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+                for name, value in stats.items():
+                    writer.add_scalar(f"losses/{name}", value, global_step)
                 writer.add_scalar("losses/explained_variance", explained_var, global_step)
                 run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
 

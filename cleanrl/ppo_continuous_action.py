@@ -14,10 +14,13 @@ and an evaluation see the same scaling. ``charts/episodic_return`` is the raw, u
 
 Autoreset: next-step (gymnasium's default). The step that ends an episode returns its real final
 observation (normalised like any other); the next ``step`` only resets that env. Such reset steps
-stay in the rollout but are dropped from the training batch. Termination stops bootstrapping;
+stay in the rollout but weigh 0 in the loss. Termination stops bootstrapping;
 truncation (the time limit, 1000 steps in MuJoCo) bootstraps from the final observation's value.
 
-Defaults are CleanRL's MuJoCo PPO settings (no departure). Reference figures: benchmark/ppo_throughput.sh.
+Defaults are CleanRL's MuJoCo PPO settings (no departure). Speed, as in ppo_atari.py: the rollout stays on
+the device, so the host waits for a GPU once per env step, for the actions; minibatches keep one size
+(reset steps weigh 0). ``--compile`` compiles the policy step and the loss; ``--cudagraphs`` replays the
+policy step as a CUDA graph. Reference figures: benchmark/ppo_throughput.sh.
 """
 
 import math
@@ -47,7 +50,7 @@ class Args:
     seed: int = 1
     """seed of the experiment; env i is seeded with seed + i"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (faster on GPUs)"""
     cuda: bool = False
     """if toggled, train on CUDA when available (a small MLP is faster on the CPU)"""
     threads: int = 1
@@ -70,6 +73,10 @@ class Args:
     """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
+    compile: bool = False
+    """if toggled, torch.compile the policy step and the minibatch loss (the first iterations pay for compiling)"""
+    cudagraphs: bool = False
+    """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v4"
@@ -126,6 +133,8 @@ def validate(args: Args) -> None:
         fail(f"--gae-lambda {args.gae_lambda}: must be in [0, 1]")
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     require_batch(args)
     check_env_id(args.env_id)
 
@@ -216,16 +225,43 @@ def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, 
     return advantages, advantages + values
 
 
-def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef: float, clip_vloss: bool):
-    """Clipped surrogate policy loss and (optionally clipped) value loss of a minibatch, both to be minimised."""
-    ratio = (newlogprob - oldlogprob).exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+def weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum(weights * x) / sum(weights): with weights 0 and 1, the mean over the rows that weigh 1."""
+    return (x * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def minibatch_loss(
+    agent: Agent, mb: dict[str, torch.Tensor], *, norm_adv: bool, clip_coef: float, clip_vloss: bool, ent_coef: float,
+    vf_coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    """PPO's loss on minibatch ``mb`` (clipped surrogate, optionally clipped value loss, entropy bonus), whose
+    rows weigh ``mb["weights"]``: 1 for a transition, 0 for a step that only reset its env.
+
+    Every mean is weighted and advantages are normalised over the weighted rows, so the loss and its
+    gradients are those of the transitions alone, while the minibatch keeps one size every iteration
+    (no data-dependent shapes: torch.compile compiles it once, cuDNN plans once). Returns the loss and its
+    statistics by name (0-d tensors, detached), named as they are logged under ``losses/``.
+    """
+    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]
+    newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+    if norm_adv:  # over the minibatch's transitions, with Tensor.std's unbiased estimate, once there are two
+        n, mean = w.sum(), weighted_mean(adv, w)
+        std = (((adv - mean) ** 2 * w).sum() / (n - 1).clamp(min=1.0)).sqrt()
+        adv = torch.where(n > 1, (adv - mean) / (std + 1e-8), adv)
+    pg_loss = weighted_mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)), w)
+    v_loss = (newvalue - ret) ** 2
     if clip_vloss:
-        v_clipped = oldvalue + (newvalue - oldvalue).clamp(-clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-    return pg_loss, v_loss
+        v_loss = torch.max(v_loss, (old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef) - ret) ** 2)
+    v_loss = 0.5 * weighted_mean(v_loss, w)
+    entropy_loss = weighted_mean(entropy, w)
+    with torch.no_grad():
+        stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach()}
+        stats["old_approx_kl"] = weighted_mean(-logratio, w)
+        stats["approx_kl"] = weighted_mean((ratio - 1) - logratio, w)
+        stats["clipfrac"] = weighted_mean(((ratio - 1.0).abs() > clip_coef).float(), w)
+    return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, stats
 
 
 def main() -> None:
@@ -237,6 +273,8 @@ def main() -> None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.backends.cudnn.benchmark = not args.torch_deterministic  # the fastest kernels for each (fixed) shape
+    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # high: TF32 on GPUs
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
@@ -261,13 +299,16 @@ def main() -> None:
     agent = Agent(int(np.prod(obs_shape)), int(np.prod(action_shape))).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
+    act = torch.compile(agent.act, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else agent.act
+    loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
+    loss_coefs = {k: getattr(args, k) for k in ("norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef")}
 
-    # ROLLOUT STORAGE in host memory (numpy writes ~1us, tensor copies ~5us), step t: obs_t, its action, its outcome
+    # ROLLOUT STORAGE, step t: obs_t, its action (a vector), what stepping returned; the policy's side on the device
     shape = (args.num_steps, args.num_envs)
-    obs = np.zeros((*shape, *obs_shape), dtype=np.float32)
-    actions, valid = np.zeros((*shape, *action_shape), dtype=np.float32), np.zeros(shape, dtype=bool)
-    logprobs, rewards, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-    terminations, dones = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    obs = torch.zeros((*shape, *obs_shape), device=device)
+    actions = torch.zeros((*shape, *action_shape), device=device)
+    logprobs, values = torch.zeros(shape, device=device), torch.zeros(shape, device=device)
+    rewards, terminations, dones, valid = (np.zeros(shape, np.float32) for _ in range(4))  # valid: 1 or 0
 
     next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
     next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
@@ -293,15 +334,15 @@ def main() -> None:
             # ROLLOUT
             for step in range(args.num_steps):
                 global_step += args.num_envs
-                obs[step] = next_obs
                 valid[step] = ~next_done  # a step right after an episode end only resets that env
 
                 t0 = time.perf_counter()
+                obs[step] = to_device(next_obs, device)
                 with torch.inference_mode():
-                    action, logprob, value = agent.act(to_device(obs[step], device))
-                actions[step], logprobs[step], values[step] = (t.cpu().numpy() for t in (action, logprob, value))
+                    actions[step], logprobs[step], values[step] = act(obs[step])
+                action = actions[step].cpu().numpy()  # the one wait for the device per step: the envs need it
                 t1 = time.perf_counter()
-                next_obs, reward, terminated, truncated, infos = envs.step(actions[step])
+                next_obs, reward, terminated, truncated, infos = envs.step(action)
                 env_time, inference_time = env_time + time.perf_counter() - t1, inference_time + t1 - t0
 
                 next_done = np.logical_or(terminated, truncated)
@@ -313,70 +354,43 @@ def main() -> None:
             # ADVANTAGES
             learn_start = time.perf_counter()
             with torch.inference_mode():
-                next_value = (
-                    agent.get_value(torch.as_tensor(next_obs, dtype=torch.float32, device=device)).cpu().numpy()
-                )
+                next_value = agent.get_value(to_device(next_obs, device)).cpu().numpy()
+            values_np = values.cpu().numpy()  # one copy per iteration
             advantages, returns = compute_gae(
-                rewards, values, next_value, terminations, dones, args.gamma, args.gae_lambda
+                rewards, values_np, next_value, terminations, dones, args.gamma, args.gae_lambda
             )
 
-            # UPDATE: only real transitions enter the batch (reset steps are left out); to a GPU without a host wait.
-            b_valid = valid.reshape(-1)
-            b_obs = to_device(obs.reshape((-1, *obs_shape))[b_valid], device)
-            b_logprobs = to_device(logprobs.reshape(-1)[b_valid], device)
-            b_actions = to_device(actions.reshape((-1, *actions.shape[2:]))[b_valid], device)
-            b_advantages = to_device(advantages.reshape(-1)[b_valid], device)
-            b_returns = to_device(returns.reshape(-1)[b_valid], device)
-            b_values = to_device(values.reshape(-1)[b_valid], device)
-            clipfracs = []
+            # UPDATE on fixed-size minibatches of the whole rollout; steps that only reset their env weigh 0.
+            host = {"advantages": advantages, "returns": returns, "weights": valid}
+            batch = {"obs": obs, "actions": actions, "logprobs": logprobs, "values": values}
+            batch |= {k: to_device(v, device) for k, v in host.items()}
+            batch = {k: v.flatten(0, 1) for k, v in batch.items()}  # (steps, envs, ...) -> (steps x envs, ...)
+            minibatch_stats = []
             for _epoch in range(args.update_epochs):
-                b_inds = torch.randperm(b_obs.shape[0], device=device)
-                for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
-                    newlogprob, entropy, newvalue = agent.evaluate(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    with torch.no_grad():
-                        ratio = logratio.exp()
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv and mb_advantages.numel() > 1:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss = ppo_loss(
-                        newlogprob,
-                        b_logprobs[mb_inds],
-                        mb_advantages,
-                        newvalue,
-                        b_values[mb_inds],
-                        b_returns[mb_inds],
-                        args.clip_coef,
-                        args.clip_vloss,
-                    )
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                for mb_inds in torch.randperm(len(batch["obs"]), device=device).view(args.num_minibatches, -1):
+                    mb = {k: v.index_select(0, mb_inds) for k, v in batch.items()}  # rows: 10x v[mb_inds] on a CPU
+                    loss, mb_stats = loss_fn(agent, mb, **loss_coefs)
+                    minibatch_stats.append(mb_stats)
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
 
-                if args.target_kl is not None and approx_kl > args.target_kl:
+                if args.target_kl is not None and mb_stats["approx_kl"] > args.target_kl:  # the last minibatch's
                     break
             nan_guard.check(run.last_checkpoint)  # one host read per iteration; no NaN step reached the weights
             learn_time = time.perf_counter() - learn_start  # after that read, so the device's work is counted
 
             # LOGGING
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            # the last minibatch\'s losses and KL, the clip fraction of all minibatches
+            stats = {**mb_stats, "clipfrac": torch.stack([s["clipfrac"] for s in minibatch_stats]).mean()}
+            stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # one read of the device
+            var_y = np.var(returns[valid > 0])
+            explained_var = np.nan if var_y == 0 else 1 - np.var(returns[valid > 0] - values_np[valid > 0]) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            for name, value in stats.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("perf/env_time", env_time, global_step)
             writer.add_scalar("perf/inference_time", inference_time, global_step)

@@ -40,10 +40,10 @@ def record(module) -> None:
     if hasattr(module, "minibatch_loss"):
         loss_ = module.minibatch_loss
 
-        def minibatch_loss(agent, mb, *args):
+        def minibatch_loss(agent, mb, **coefs):
             batches.append(mb["obs"][mb["weights"] > 0].detach().cpu().numpy().copy())
             sizes.append(len(mb["obs"]))
-            return loss_(agent, mb, *args)
+            return loss_(agent, mb, **coefs)
 
         module.minibatch_loss = minibatch_loss
     else:

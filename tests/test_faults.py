@@ -234,8 +234,9 @@ def test_hot_loops_read_no_value_per_gradient_step(tmp_path, script):
     assert per_step == {}, f"read on (nearly) every step of {gradient_steps} gradient steps: {per_step}"
 
 
-@pytest.mark.parametrize("script", ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_multigpu.py"])
-def test_the_atari_rollout_waits_for_the_device_once_per_env_step(tmp_path, script):
+@pytest.mark.parametrize("script", ["ppo.py", "ppo_continuous_action.py", "ppo_atari.py", "ppo_atari_envpool.py",
+                                    "ppo_atari_multigpu.py"])  # fmt: skip
+def test_the_ppo_rollout_waits_for_the_device_once_per_env_step(tmp_path, script):
     """The envs need the actions on the host; the log-probabilities and values stay on the device until
     the update: one copy to the host per env step (on a GPU, one wait), and no other line copies per step."""
     import json

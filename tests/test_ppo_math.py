@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from cleanrl.ppo import compute_gae, ppo_loss
+from cleanrl.appo import ppo_loss
+from cleanrl.ppo import compute_gae
 
 pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
 
@@ -72,9 +73,14 @@ def test_value_loss_clipping():
     assert plain.item() == pytest.approx(0.5 * 1.0)
 
 
-def _reference_atari_loss(agent, mb, norm_adv, clip_coef, clip_vloss, ent_coef, vf_coef):
-    """The Atari PPO scripts' loss before fixed-size minibatches: the reset steps are dropped from the
-    minibatch (a boolean index), plain means, advantages normalised over what is left."""
+COEFS = {"norm_adv": True, "clip_coef": 0.1, "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5}
+STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
+
+
+def _old_update_loss(agent, mb, *, norm_adv, clip_coef, clip_vloss, ent_coef, vf_coef):
+    """The update ppo.py and ppo_continuous_action.py had before fixed-size minibatches (and the Atari scripts
+    before them): the reset steps are dropped from the batch (a boolean index), plain means, advantages
+    normalised over what is left."""
     keep = mb["weights"] > 0
     sel = {k: v[keep] for k, v in mb.items()}
     newlogprob, entropy, newvalue = agent.evaluate(sel["obs"], sel["actions"])
@@ -88,14 +94,32 @@ def _reference_atari_loss(agent, mb, norm_adv, clip_coef, clip_vloss, ent_coef, 
     entropy_loss = entropy.mean()
     stats = [pg_loss, v_loss, entropy_loss, (-logratio).mean(), ((ratio - 1) - logratio).mean()]
     stats.append(((ratio - 1.0).abs() > clip_coef).float().mean())
-    return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, torch.stack(stats).detach()
+    return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, dict(zip(STATS, (x.detach() for x in stats)))
 
 
-def _minibatch(rows: int, valid_rows: list[int], seed: int = 0) -> dict[str, torch.Tensor]:
+def _agent_and_inputs(script: str, rows: int, g: torch.Generator):
+    """The script's own network, and observations and actions of its kind for ``rows`` rows."""
+    if script == "ppo_atari.py":
+        from cleanrl.ppo_atari import Agent
+
+        obs = torch.randint(0, 256, (rows, 4, 84, 84), dtype=torch.uint8, generator=g)
+        return Agent(4), obs, torch.randint(0, 4, (rows,), generator=g)
+    if script == "ppo.py":
+        from cleanrl.ppo import Agent
+
+        return Agent(4, 2), torch.randn(rows, 4, generator=g), torch.randint(0, 2, (rows,), generator=g)
+    from cleanrl.ppo_continuous_action import Agent
+
+    return Agent(17, 6), torch.randn(rows, 17, generator=g), torch.randn(rows, 6, generator=g)
+
+
+def _minibatch(script: str, rows: int, valid_rows: list[int], seed: int = 0):
     g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    agent, obs, actions = _agent_and_inputs(script, rows, g)
     mb = {
-        "obs": torch.randint(0, 256, (rows, 4, 84, 84), dtype=torch.uint8, generator=g),
-        "actions": torch.randint(0, 4, (rows,), generator=g),
+        "obs": obs,
+        "actions": actions,
         "logprobs": -torch.rand(rows, generator=g) * 2 - 0.5,
         "advantages": torch.randn(rows, generator=g),
         "returns": torch.randn(rows, generator=g),
@@ -105,42 +129,44 @@ def _minibatch(rows: int, valid_rows: list[int], seed: int = 0) -> dict[str, tor
     mb["weights"][valid_rows] = 1.0
     reset = mb["weights"] == 0  # what a reset step holds must not count: make it loud
     mb["advantages"][reset], mb["returns"][reset], mb["logprobs"][reset] = 1e3, -1e3, -9.0
-    return mb
+    return agent, mb
 
 
+PPO_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "ppo_atari.py"]
+
+
+@pytest.mark.parametrize("script", PPO_SCRIPTS)
 @pytest.mark.parametrize("norm_adv, clip_vloss", [(True, True), (False, False), (True, False)])
 @pytest.mark.parametrize("valid_rows", [[0, 1, 2, 4, 5, 7, 8, 9, 10], [3]], ids=["9 of 12", "1 of 12"])
-def test_masked_fixed_size_loss_equals_the_loss_on_the_transitions_alone(norm_adv, clip_vloss, valid_rows):
-    """The Atari PPO scripts train on fixed-size minibatches whose reset steps weigh 0 (no data-dependent
-    shapes on a GPU); loss, gradients and logged statistics equal those of the transitions alone."""
-    from cleanrl.ppo_atari import Agent, minibatch_loss
+def test_the_fixed_size_update_equals_the_update_on_the_transitions_alone(script, norm_adv, clip_vloss, valid_rows):
+    """Every PPO script trains on fixed-size minibatches whose reset steps weigh 0 (no data-dependent shapes);
+    loss, gradients and logged statistics equal those of the old update, which dropped the reset steps."""
+    from cleanrl.ppo_atari import minibatch_loss
 
-    torch.manual_seed(0)
-    agent = Agent(4)
-    coefs = (norm_adv, 0.1, clip_vloss, 0.01, 0.5)
-    mb = _minibatch(12, valid_rows)
+    agent, mb = _minibatch(script, 12, valid_rows)
+    coefs = COEFS | {"norm_adv": norm_adv, "clip_vloss": clip_vloss}
     with torch.no_grad():  # old policy a little away from the current one, so that some ratios are clipped
         mb["logprobs"] += agent.evaluate(mb["obs"], mb["actions"])[0] + 0.2 * torch.randn(12)
     results = []
-    for loss_fn in (minibatch_loss, _reference_atari_loss):
+    for loss_fn in (minibatch_loss, _old_update_loss):
         agent.zero_grad()
-        loss, stats = loss_fn(agent, mb, *coefs)
+        loss, stats = loss_fn(agent, mb, **coefs)
         loss.backward()
         results.append((loss.detach(), stats, [p.grad.clone() for p in agent.parameters()]))
     (loss, stats, grads), (ref_loss, ref_stats, ref_grads) = results
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert list(stats) == list(STATS)  # by name, in the order they are logged
     torch.testing.assert_close(stats, ref_stats, rtol=1e-5, atol=1e-6)
     for grad, ref in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref, rtol=1e-4, atol=1e-6)
-    assert stats[5] > 0  # some ratios are clipped: the clipped branches are compared too
+    assert stats["clipfrac"] > 0  # some ratios are clipped: the clipped branches are compared too
 
 
 def test_a_minibatch_of_reset_steps_only_is_a_zero_loss():
-    from cleanrl.ppo_atari import Agent, minibatch_loss
+    from cleanrl.ppo_atari import minibatch_loss
 
-    agent = Agent(4)
-    mb = _minibatch(4, [])
-    loss, stats = minibatch_loss(agent, mb, True, 0.1, True, 0.01, 0.5)
+    agent, mb = _minibatch("ppo_atari.py", 4, [])
+    loss, stats = minibatch_loss(agent, mb, **COEFS)
     loss.backward()
-    assert loss.item() == 0.0 and torch.equal(stats, torch.zeros(6))
+    assert loss.item() == 0.0 and all(value.item() == 0.0 for value in stats.values())
     assert all(torch.count_nonzero(p.grad) == 0 for p in agent.parameters())

@@ -83,11 +83,12 @@ def test_track_keeps_the_wandb_key_out_of_every_file(tmp_path):
         assert secret.encode() not in path.read_bytes(), path
 
 
-def test_compile_trains_on_the_cpu_and_compiles_the_loss_once(tmp_path):
+@pytest.mark.parametrize("script", ["ppo.py", "ppo_continuous_action.py", "ppo_atari.py"])
+def test_compile_trains_on_the_cpu_and_compiles_the_loss_once(tmp_path, script):
     """--compile (torch.compile of the policy step and of the minibatch loss) on the CPU: a few iterations
     train with finite losses, and the fixed-size minibatches never make torch.compile compile again."""
     flags = ["--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--no-cuda"]
-    proc = run_script("ppo_atari.py", *flags, "--total-timesteps", "384", "--compile", "--run-name", "c",
+    proc = run_script(script, *flags, "--total-timesteps", "384", "--compile", "--run-name", "c",
                       cwd=tmp_path, env={"TORCH_LOGS": "recompiles"})  # fmt: skip
     assert "Recompiling" not in proc.stderr, proc.stderr[-3000:]
     scalars = read_scalars(tmp_path / "runs/c")
