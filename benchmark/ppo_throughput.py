@@ -16,18 +16,19 @@ CartPole: ppo.py and SB3's PPO with the same envs, rollout length, epochs and mi
 A-B-A-B; the median of each is reported. Requires the `bench` extra (stable-baselines3).
 
 Compare (``--section compare --baseline REV``): the scripts of this tree against those of an earlier
-commit (exported with ``git archive``), on CartPole (ppo.py) and Breakout (ppo_atari.py, sync and
-async; ppo_atari_envpool.py; ppo_atari_multigpu.py as one process), run alternately (baseline, this
-tree, baseline, ...), plus this tree's ``--compile`` runs. SPS counts from the first logged
+commit (exported with ``git archive``), on CartPole (ppo.py, SB3's sizes and its own defaults),
+HalfCheetah (ppo_continuous_action.py) and Breakout (ppo_atari.py, sync and async; ppo_atari_envpool.py;
+ppo_atari_multigpu.py as one process), run alternately (baseline, this tree, baseline, ...), plus this
+tree's ``--compile`` runs. SPS counts from the first logged
 iteration to the last (start-up and compilation left out); CPU seconds per 1k steps are the run's
 processes' user + system time over the whole run.
 
     python benchmark/ppo_throughput.py --section compare --baseline 77ec0fb
+    python benchmark/ppo_throughput.py --section compare --baseline 64d17a5 --only CartPole HalfCheetah --repeats 5
 """
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def learner_only(
     import torch
 
     from cleanrl.ppo_atari import Agent, minibatch_loss
+    from cleanrl.ppo_atari import minibatches as ppo_minibatches
 
     batch = num_envs * num_steps
     agent = Agent(4).to(memory_format=torch.channels_last)
@@ -104,11 +106,8 @@ def learner_only(
             with torch.inference_mode():
                 agent.evaluate(data["obs"], data["actions"])
         for _ in range(epochs):
-            for mb_inds in torch.randperm(batch).view(minibatches, -1):
-                mb = {k: v[mb_inds] for k, v in data.items()}
-                loss, _ = minibatch_loss(
-                    agent, mb, norm_adv=True, clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5
-                )
+            for mb in ppo_minibatches(data, minibatches, norm_adv=True):
+                loss, _ = minibatch_loss(agent, mb, clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
@@ -203,23 +202,45 @@ def atari(args: argparse.Namespace) -> None:
         )
 
 
-def timed_run(tree: Path, script: str, flags: list[str]) -> tuple[float, float]:
+def start_run(tree: Path, script: str, flags: list[str], cwd: str, core: int | None = None) -> subprocess.Popen:
+    """Start ``tree``'s script in ``cwd`` (pinned to ``core`` with taskset when given)."""
+    cmd = [sys.executable, str(tree / "cleanrl" / script), "--no-progress", "--run-name", "bench"]
+    cmd = [*(["taskset", "-c", str(core)] if core is not None else []), *cmd, "--checkpoint-interval", "0", *flags]
+    env = {**os.environ, "PYTHONPATH": str(tree), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    with open(Path(cwd) / "stderr.txt", "w") as stderr:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def finish_run(proc: subprocess.Popen, cwd: str, total: int) -> tuple[float, float]:
     """(SPS from the first logged iteration to the last, CPU seconds of the run's processes per 1k steps)."""
     sys.path.insert(0, str(REPO))
     from cleanrl_utils.tb import ScalarReader
 
-    total = int(flags[flags.index("--total-timesteps") + 1])
-    with tempfile.TemporaryDirectory() as cwd:
-        cmd = [sys.executable, str(tree / "cleanrl" / script), "--no-progress", "--run-name", "bench"]
-        cmd += ["--checkpoint-interval", "0", *flags]
-        env = {**os.environ, "PYTHONPATH": str(tree), "WANDB_MODE": "offline"}
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, env=env)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        series = ScalarReader(Path(cwd) / "runs/bench").update().get("charts/SPS")
+    _, status, rusage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{proc.args} exited {proc.returncode}:\n{(Path(cwd) / 'stderr.txt').read_text()[-3000:]}")
+    series = ScalarReader(Path(cwd) / "runs/bench").update().get("charts/SPS")
     sps = (series.steps[-1] - series.steps[0]) / (series.wall_times[-1] - series.wall_times[0])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return sps, 1000 * cpu / total
+    return sps, 1000 * (rusage.ru_utime + rusage.ru_stime) / total
+
+
+def timed_runs(runs: list[tuple[Path, str, list[str]]], paired: bool) -> list[tuple[float, float]]:
+    """Run each (tree, script, flags) one after the other, or, ``paired``, all at once, run i pinned to core i:
+    concurrent runs meet the same machine, whatever else it is doing."""
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cwds = [tempfile.mkdtemp(dir=tmp) for _ in runs]
+        procs = []
+        for i, ((tree, script, flags), cwd) in enumerate(zip(runs, cwds)):
+            procs.append(start_run(tree, script, flags, cwd, i if paired else None))
+            if not paired:
+                total = int(flags[flags.index("--total-timesteps") + 1])
+                results.append(finish_run(procs[-1], cwd, total))
+        if paired:
+            for proc, cwd, (_, _, flags) in zip(procs, cwds, runs):
+                results.append(finish_run(proc, cwd, int(flags[flags.index("--total-timesteps") + 1])))
+    return results
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -235,29 +256,50 @@ def compare(args: argparse.Namespace) -> None:
     ]
     cartpole = ["--num-envs", "4", "--num-steps", "128", "--update-epochs", "4", "--num-minibatches", "4"]
     cartpole += ["--threads", "1", "--total-timesteps", str(args.cartpole_steps)]
+    cheetah = [
+        "--num-steps",
+        "1024",
+        "--num-minibatches",
+        "16",
+        "--total-timesteps",
+        str(1024 * args.cheetah_iterations),
+    ]
     configs = [
         ("CartPole, ppo.py", "ppo.py", cartpole, False),
+        (
+            "CartPole, ppo.py (defaults: 8 x 32, 20 epochs)",
+            "ppo.py",
+            ["--total-timesteps", str(args.cartpole_steps)],
+            False,
+        ),
+        ("HalfCheetah, ppo_continuous_action.py", "ppo_continuous_action.py", cheetah, False),
         ("Breakout, ppo_atari.py sync", "ppo_atari.py", [*atari, "--no-cuda"], False),
         ("Breakout, ppo_atari.py async", "ppo_atari.py", [*atari, "--no-cuda", "--vector-mode", "async"], False),
         ("Breakout, ppo_atari_envpool.py", "ppo_atari_envpool.py", [*atari, "--no-cuda"], False),
         ("Breakout, ppo_atari_multigpu.py (1 process)", "ppo_atari_multigpu.py", [*atari, "--no-cuda"], False),
+        ("CartPole, ppo.py --compile", "ppo.py", [*cartpole, "--compile"], True),
+        ("HalfCheetah, ppo_continuous_action.py --compile", "ppo_continuous_action.py", [*cheetah, "--compile"], True),
         ("Breakout, ppo_atari.py sync --compile", "ppo_atari.py", [*atari, "--no-cuda", "--compile"], True),
         ("Breakout, ppo_atari_envpool.py --compile", "ppo_atari_envpool.py", [*atari, "--no-cuda", "--compile"], True),
     ]
+    configs = [c for c in configs if any(word in c[0] for word in args.only)] if args.only else configs
     with tempfile.TemporaryDirectory() as tmp:
         baseline = Path(tmp) / "baseline"
         baseline.mkdir()
         archive = subprocess.run(["git", "-C", str(REPO), "archive", args.baseline], check=True, capture_output=True)
         subprocess.run(["tar", "x", "-C", str(baseline)], input=archive.stdout, check=True)
         results: dict[tuple[str, str], list[tuple[float, float]]] = {}
-        for _ in range(args.repeats):
+        for repeat in range(args.repeats):
             for name, script, flags, current_only in configs:
-                for label, tree in (("baseline", baseline), ("this tree", REPO)):
-                    if label == "baseline" and current_only:
-                        continue
-                    results.setdefault((name, label), []).append(timed_run(tree, script, flags))
-                    print(f"  {name} [{label}]: {results[name, label][-1][0]:.0f} SPS", file=sys.stderr, flush=True)
-    print(f"This tree against {args.baseline}; {args.repeats} runs of each, alternated; {os.cpu_count()} CPUs")
+                labels = [("this tree", REPO)] if current_only else [("baseline", baseline), ("this tree", REPO)]
+                if repeat % 2:  # alternated: which of the two runs first (or, paired, on which core)
+                    labels.reverse()
+                measured = timed_runs([(tree, script, flags) for _, tree in labels], args.paired)
+                for (label, _), result in zip(labels, measured):
+                    results.setdefault((name, label), []).append(result)
+                    print(f"  {name} [{label}]: {result[0]:.0f} SPS", file=sys.stderr, flush=True)
+    how = "paired (both at once, one core each, cores swapped)" if args.paired else "alternated"
+    print(f"This tree against {args.baseline}; {args.repeats} runs of each, {how}; {os.cpu_count()} CPUs")
     print(f"Breakout: {n} envs x {args.num_steps} steps, {iters} iterations; CartPole: {args.cartpole_steps} steps")
     print("\n| configuration | baseline SPS | this tree SPS | ratio | baseline CPU s/1k | this tree CPU s/1k |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -268,13 +310,13 @@ def compare(args: argparse.Namespace) -> None:
         if current_only:
             plain = eager[name.removesuffix(" --compile")]
             print(
-                f"| {name} | (eager, this tree) {plain[0]:.0f} | {sps:.0f} | {sps / plain[0]:.2f} | {plain[1]:.2f} | {cpu:.2f} |"
+                f"| {name} | (eager, this tree) {plain[0]:.0f} | {sps:.0f} | {sps / plain[0]:.2f} | {plain[1]:.3f} | {cpu:.3f} |"
             )
             continue
         theirs = results[name, "baseline"]
         base_sps, base_cpu = statistics.median(r[0] for r in theirs), statistics.median(r[1] for r in theirs)
         eager[name] = (sps, cpu)
-        print(f"| {name} | {base_sps:.0f} | {sps:.0f} | {sps / base_sps:.2f} | {base_cpu:.2f} | {cpu:.2f} |")
+        print(f"| {name} | {base_sps:.0f} | {sps:.0f} | {sps / base_sps:.2f} | {base_cpu:.3f} | {cpu:.3f} |")
     print("\nSPS: medians, from the first logged iteration to the last (compilation left out); ratio = this tree /")
     print("baseline (for --compile rows: compiled / eager, both this tree).")
 
@@ -342,7 +384,12 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5, help="training iterations per Atari script")
     parser.add_argument("--env-steps", type=int, default=300, help="vector steps per env-only measurement")
     parser.add_argument("--cartpole-steps", type=int, default=50_000)
+    parser.add_argument("--cheetah-iterations", type=int, default=8, help="iterations of 1024 steps (compare)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", nargs="*", help="compare: only the configurations whose name holds one of these")
+    parser.add_argument(
+        "--paired", action="store_true", help="compare: run baseline and this tree at once, one core each"
+    )
     args = parser.parse_args()
     if args.section == "compare":
         compare(args)

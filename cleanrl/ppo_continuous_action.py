@@ -225,42 +225,50 @@ def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, 
     return advantages, advantages + values
 
 
-def weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum(weights * x) / sum(weights): with weights 0 and 1, the mean over the rows that weigh 1."""
-    return (x * weights).sum() / weights.sum().clamp(min=1.0)
+def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: bool) -> list[dict[str, torch.Tensor]]:
+    """One epoch over ``batch`` (rows weigh ``batch["weights"]``: 1 for a transition, 0 for a step that only
+    reset its env) in a random order, as ``num_minibatches`` minibatches of one size.
+
+    Each minibatch's weights are scaled to sum to 1 over its transitions, so ``x.dot(weights)`` is the
+    mean of ``x`` over them (one kernel); with ``norm_adv`` its advantages are normalised over them
+    (Tensor.std's unbiased estimate, once there are two). Done for all minibatches of the epoch at once:
+    one gather per tensor instead of one per minibatch, and the minibatches are views.
+    """
+    perm = torch.randperm(len(batch["weights"]), device=batch["weights"].device)
+    epoch = {k: v.index_select(0, perm).unflatten(0, (num_minibatches, -1)) for k, v in batch.items()}
+    n = epoch["weights"].sum(1, keepdim=True)
+    epoch["weights"] = w = epoch["weights"] / n.clamp(min=1.0)
+    if norm_adv:
+        centred = epoch["advantages"] - (epoch["advantages"] * w).sum(1, keepdim=True)
+        std = ((centred.square() * w).sum(1, keepdim=True) * n / (n - 1).clamp(min=1.0)).sqrt()
+        epoch["advantages"] = torch.where(n > 1, centred / (std + 1e-8), epoch["advantages"])
+    return [{k: v[i] for k, v in epoch.items()} for i in range(num_minibatches)]
 
 
 def minibatch_loss(
-    agent: Agent, mb: dict[str, torch.Tensor], *, norm_adv: bool, clip_coef: float, clip_vloss: bool, ent_coef: float,
-    vf_coef: float,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
-    """PPO's loss on minibatch ``mb`` (clipped surrogate, optionally clipped value loss, entropy bonus), whose
-    rows weigh ``mb["weights"]``: 1 for a transition, 0 for a step that only reset its env.
-
-    Every mean is weighted and advantages are normalised over the weighted rows, so the loss and its
-    gradients are those of the transitions alone, while the minibatch keeps one size every iteration
-    (no data-dependent shapes: torch.compile compiles it once, cuDNN plans once). Returns the loss and its
-    statistics by name (0-d tensors, detached), named as they are logged under ``losses/``.
+    agent: Agent, mb: dict[str, torch.Tensor], *, clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's loss on minibatch ``mb`` of :func:`minibatches` (clipped surrogate, optionally clipped value loss,
+    entropy bonus): every mean is over its transitions, so the loss and its gradients are those of the
+    transitions alone, while the minibatch keeps one size every iteration (no data-dependent shapes:
+    torch.compile compiles it once, cuDNN plans once). Returns the loss and its statistics by name (0-d
+    tensors, detached), named as they are logged under ``losses/``.
     """
-    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]
+    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]  # x.dot(w): mean of x
     newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
-    if norm_adv:  # over the minibatch's transitions, with Tensor.std's unbiased estimate, once there are two
-        n, mean = w.sum(), weighted_mean(adv, w)
-        std = (((adv - mean) ** 2 * w).sum() / (n - 1).clamp(min=1.0)).sqrt()
-        adv = torch.where(n > 1, (adv - mean) / (std + 1e-8), adv)
-    pg_loss = weighted_mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)), w)
-    v_loss = (newvalue - ret) ** 2
+    pg_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).dot(w)
+    v_loss = (newvalue - ret).square()
     if clip_vloss:
-        v_loss = torch.max(v_loss, (old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef) - ret) ** 2)
-    v_loss = 0.5 * weighted_mean(v_loss, w)
-    entropy_loss = weighted_mean(entropy, w)
+        v_loss = torch.max(v_loss, (old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef) - ret).square())
+    v_loss = 0.5 * v_loss.dot(w)
+    entropy_loss = entropy.dot(w)
     with torch.no_grad():
         stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach()}
-        stats["old_approx_kl"] = weighted_mean(-logratio, w)
-        stats["approx_kl"] = weighted_mean((ratio - 1) - logratio, w)
-        stats["clipfrac"] = weighted_mean(((ratio - 1.0).abs() > clip_coef).float(), w)
+        stats["old_approx_kl"] = (-logratio).dot(w)
+        stats["approx_kl"] = ((ratio - 1) - logratio).dot(w)
+        stats["clipfrac"] = ((ratio - 1.0).abs() > clip_coef).float().dot(w)
     return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, stats
 
 
@@ -301,7 +309,7 @@ def main() -> None:
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
     act = torch.compile(agent.act, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else agent.act
     loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
-    loss_coefs = {k: getattr(args, k) for k in ("norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef")}
+    loss_coefs = {k: getattr(args, k) for k in ("clip_coef", "clip_vloss", "ent_coef", "vf_coef")}
 
     # ROLLOUT STORAGE, step t: obs_t, its action (a vector), what stepping returned; the policy's side on the device
     shape = (args.num_steps, args.num_envs)
@@ -367,8 +375,7 @@ def main() -> None:
             batch = {k: v.flatten(0, 1) for k, v in batch.items()}  # (steps, envs, ...) -> (steps x envs, ...)
             minibatch_stats = []
             for _epoch in range(args.update_epochs):
-                for mb_inds in torch.randperm(len(batch["obs"]), device=device).view(args.num_minibatches, -1):
-                    mb = {k: v.index_select(0, mb_inds) for k, v in batch.items()}  # rows: 10x v[mb_inds] on a CPU
+                for mb in minibatches(batch, args.num_minibatches, args.norm_adv):
                     loss, mb_stats = loss_fn(agent, mb, **loss_coefs)
                     minibatch_stats.append(mb_stats)
 

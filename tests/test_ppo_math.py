@@ -73,7 +73,7 @@ def test_value_loss_clipping():
     assert plain.item() == pytest.approx(0.5 * 1.0)
 
 
-COEFS = {"norm_adv": True, "clip_coef": 0.1, "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5}
+COEFS = {"clip_coef": 0.1, "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5}
 STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac")
 
 
@@ -141,16 +141,17 @@ PPO_SCRIPTS = ["ppo.py", "ppo_continuous_action.py", "ppo_atari.py"]
 def test_the_fixed_size_update_equals_the_update_on_the_transitions_alone(script, norm_adv, clip_vloss, valid_rows):
     """Every PPO script trains on fixed-size minibatches whose reset steps weigh 0 (no data-dependent shapes);
     loss, gradients and logged statistics equal those of the old update, which dropped the reset steps."""
-    from cleanrl.ppo_atari import minibatch_loss
+    from cleanrl.ppo_atari import minibatch_loss, minibatches
 
     agent, mb = _minibatch(script, 12, valid_rows)
-    coefs = COEFS | {"norm_adv": norm_adv, "clip_vloss": clip_vloss}
+    coefs = COEFS | {"clip_vloss": clip_vloss}
     with torch.no_grad():  # old policy a little away from the current one, so that some ratios are clipped
         mb["logprobs"] += agent.evaluate(mb["obs"], mb["actions"])[0] + 0.2 * torch.randn(12)
+    (epoch,) = minibatches(mb, 1, norm_adv)  # the whole batch in one minibatch, in a random order
     results = []
-    for loss_fn in (minibatch_loss, _old_update_loss):
+    for loss_fn, batch, kwargs in ((minibatch_loss, epoch, {}), (_old_update_loss, mb, {"norm_adv": norm_adv})):
         agent.zero_grad()
-        loss, stats = loss_fn(agent, mb, **coefs)
+        loss, stats = loss_fn(agent, batch, **coefs, **kwargs)
         loss.backward()
         results.append((loss.detach(), stats, [p.grad.clone() for p in agent.parameters()]))
     (loss, stats, grads), (ref_loss, ref_stats, ref_grads) = results
@@ -163,10 +164,30 @@ def test_the_fixed_size_update_equals_the_update_on_the_transitions_alone(script
 
 
 def test_a_minibatch_of_reset_steps_only_is_a_zero_loss():
-    from cleanrl.ppo_atari import minibatch_loss
+    from cleanrl.ppo_atari import minibatch_loss, minibatches
 
     agent, mb = _minibatch("ppo_atari.py", 4, [])
-    loss, stats = minibatch_loss(agent, mb, **COEFS)
+    loss, stats = minibatch_loss(agent, minibatches(mb, 1, norm_adv=True)[0], **COEFS)
     loss.backward()
     assert loss.item() == 0.0 and all(value.item() == 0.0 for value in stats.values())
     assert all(torch.count_nonzero(p.grad) == 0 for p in agent.parameters())
+
+
+def test_an_epoch_of_minibatches_covers_every_row_once_and_normalises_each_over_its_transitions():
+    from cleanrl.ppo import minibatches
+
+    torch.manual_seed(0)
+    rows = 24
+    batch = {"index": torch.arange(rows), "advantages": torch.randn(rows) * 3 + 5, "weights": torch.ones(rows)}
+    batch["weights"][[1, 2, 7, 11, 12, 13, 20]] = 0.0  # reset steps
+    batch["advantages"][batch["weights"] == 0] = 1e3
+    epoch = minibatches(batch, 4, norm_adv=True)
+    assert [len(mb["index"]) for mb in epoch] == [6] * 4
+    assert sorted(torch.cat([mb["index"] for mb in epoch]).tolist()) == list(range(rows))
+    for mb in epoch:
+        real = batch["weights"][mb["index"]] > 0
+        assert mb["weights"].sum().item() == pytest.approx(1.0) and torch.all(mb["weights"][~real] == 0)
+        adv = mb["advantages"][real]
+        assert adv.mean().item() == pytest.approx(0.0, abs=1e-6) and adv.std().item() == pytest.approx(1.0, rel=1e-5)
+    (plain,) = minibatches(batch, 1, norm_adv=False)
+    assert torch.equal(plain["advantages"], batch["advantages"][plain["index"]])
