@@ -93,6 +93,10 @@ class Args:
     """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
+    compile: bool = False
+    """if toggled, torch.compile the policy step and the TD loss (the first steps pay for compiling)"""
+    cudagraphs: bool = False
+    """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
@@ -150,6 +154,8 @@ def validate(args: Args) -> None:
     warn_if_no_learning(args)
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     check_env_id(args.env_id, atari=True)
     # The replay is reserved in full at start: refuse now rather than be killed for memory hours later.
     need = args.buffer_size * (84 * 84 + 16)  # one frame plus action, reward and flags per step
@@ -227,6 +233,17 @@ def td_target(
     return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
 
 
+def td_loss(q_network, target_network, data: dict[str, torch.Tensor], gamma: float, double_q: bool, huber: bool):
+    """The TD loss of ``q_network`` on ``data`` (Huber with ``huber``, else squared error) against
+    :func:`td_target` (Double DQN with ``double_q``); returns it and the Q-values of the taken actions."""
+    with torch.no_grad():
+        next_q_online = q_network(data["next_obs"]) if double_q else None
+        target_q = target_network(data["next_obs"])
+        target = td_target(data["rewards"], target_q, next_q_online, data["terminations"].float(), gamma)
+    old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
+    return F.smooth_l1_loss(old_val, target) if huber else F.mse_loss(old_val, target), old_val
+
+
 def main() -> None:
     args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # exit 2 on bad input, before any work
 
@@ -252,6 +269,8 @@ def main() -> None:
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
+    act = torch.compile(q_network, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else q_network
+    loss_fn = torch.compile(td_loss) if args.compile else td_loss
     rb = ReplayBuffer(
         args.buffer_size, args.num_envs, obs_shape, (), np.uint8, np.int64, frame_stack=FRAME_STACK, seed=args.seed
     )
@@ -289,7 +308,7 @@ def main() -> None:
                 args.start_e, args.end_e, int(args.exploration_fraction * args.total_timesteps), global_step
             )
             with inference_clock, torch.inference_mode():
-                actions = q_network(to_device(next_obs, device)).argmax(dim=1)
+                actions = act(to_device(next_obs, device)).argmax(dim=1)
             actions = actions.cpu().numpy()
             explore = np.random.random(args.num_envs) < epsilon
             actions[explore] = np.random.randint(n_actions, size=int(explore.sum()))
@@ -310,17 +329,9 @@ def main() -> None:
                 with learn_clock:
                     for _ in range(args.gradient_steps):
                         data = rb.sample_to(args.batch_size, device)
-                        with torch.no_grad():
-                            next_q_online = q_network(data["next_obs"]) if args.double_q else None
-                            target = td_target(
-                                data["rewards"],
-                                target_network(data["next_obs"]),
-                                next_q_online,
-                                data["terminations"].float(),
-                                args.gamma,
-                            )
-                        old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
-                        loss = F.smooth_l1_loss(old_val, target) if args.huber_loss else F.mse_loss(old_val, target)
+                        loss, old_val = loss_fn(
+                            q_network, target_network, data, args.gamma, args.double_q, args.huber_loss
+                        )
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)

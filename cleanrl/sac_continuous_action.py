@@ -80,6 +80,10 @@ class Args:
     """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
+    compile: bool = False
+    """if toggled, torch.compile the policy step and the critic and actor losses (the first steps pay for compiling)"""
+    cudagraphs: bool = False
+    """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v4"
@@ -127,6 +131,8 @@ def validate(args: Args) -> None:
     warn_if_no_learning(args)
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
+    if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     check_env_id(args.env_id)
 
 
@@ -213,6 +219,29 @@ def soft_q_target(
     return rewards + gamma * (1.0 - terminations) * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
 
 
+def critic_loss(actor, qf1, qf2, qf1_target, qf2_target, data: dict[str, torch.Tensor], alpha, gamma: float):
+    """Both critics' mean squared error to one clipped double-Q soft target on ``data``, summed; returns it and
+    both critics' values."""
+    with torch.no_grad():
+        next_actions, next_log_prob, _ = actor(data["next_obs"])
+        next_q1, next_q2 = qf1_target(data["next_obs"], next_actions), qf2_target(data["next_obs"], next_actions)
+        target = soft_q_target(data["rewards"], next_q1, next_q2, next_log_prob, data["terminations"].float(), alpha,
+                               gamma)  # fmt: skip
+    qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
+    return F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target), qf1_values, qf2_values
+
+
+def policy_loss(actor, qf1, qf2, obs: torch.Tensor, alpha, log_alpha, target_entropy: float, autotune: bool):
+    """The actor's loss mean(alpha * log pi(a|s) - min(Q1, Q2)(s, a)), a ~ pi(.|s), on ``obs``; with ``autotune``
+    plus the temperature's loss, which reaches ``log_alpha`` only (one backward for both). Returns (the sum,
+    the actor's loss)."""
+    pi, log_pi, _ = actor(obs)
+    actor_loss = (alpha * log_pi - torch.min(qf1(obs, pi), qf2(obs, pi))).mean()
+    if not autotune:
+        return actor_loss, actor_loss
+    return actor_loss - (log_alpha * (log_pi.detach() + target_entropy)).mean(), actor_loss
+
+
 @torch.no_grad()
 def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
     """target <- (1 - tau) * target + tau * source, in place, one fused op over all tensors."""
@@ -262,8 +291,15 @@ def main() -> None:
     target_entropy = -float(np.prod(action_shape))
     log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr, fused=True)
-    nan_guard = NaNGuard(device, "loss")  # optimizer steps that a NaN/inf never reaches (no host wait)
-    alpha = args.alpha
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
+    alpha = log_alpha.detach().exp() if args.autotune else args.alpha
+    q_params = [*qf1.parameters(), *qf2.parameters()]
+    # the actor's and the temperature's gradients come from one backward, and step together
+    actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())
+    actor_optimizers = [actor_optimizer, a_optimizer] if args.autotune else [actor_optimizer]
+    act = torch.compile(actor, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else actor
+    critic_loss_fn = torch.compile(critic_loss) if args.compile else critic_loss
+    policy_loss_fn = torch.compile(policy_loss) if args.compile else policy_loss
     rb = ReplayBuffer(args.buffer_size, args.num_envs, (obs_dim,), action_shape, np.float32, np.float32, seed=args.seed)
 
     next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
@@ -307,7 +343,7 @@ def main() -> None:
                 actions = np.stack([envs.single_action_space.sample() for _ in range(args.num_envs)])
             else:
                 with inference_clock, torch.inference_mode():
-                    actions, _, _ = actor(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
+                    actions, _, _ = act(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
                 actions = actions.cpu().numpy()
             t0 = time.perf_counter()
             obs = next_obs
@@ -321,42 +357,34 @@ def main() -> None:
                 for i in np.flatnonzero(infos["_episode"]):
                     run.log_episode(global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
 
-            # UPDATE: one critic step per vector step; the actor every policy_frequency critic steps
+            # UPDATE: one critic step per vector step; the actor (with the temperature) every policy_frequency critic steps
             if global_step > first_learning_step:
                 with learn_clock:
                     data = rb.sample_to(args.batch_size, device)
-                    with torch.no_grad():
-                        next_actions, next_log_prob, _ = actor(data["next_obs"])
-                        target = soft_q_target(
-                            data["rewards"],
-                            qf1_target(data["next_obs"], next_actions),
-                            qf2_target(data["next_obs"], next_actions),
-                            next_log_prob,
-                            data["terminations"].float(),
-                            alpha,
-                            args.gamma,
-                        )
-                    qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
-                    qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
+                    qf_loss, qf1_values, qf2_values = critic_loss_fn(
+                        actor, qf1, qf2, qf1_target, qf2_target, data, alpha, args.gamma
+                    )
                     q_optimizer.zero_grad(set_to_none=True)
                     qf_loss.backward()
-                    nan_guard.step(q_optimizer, qf_loss, global_step)  # skipped on the device if NaN/inf: no host wait
+                    norm = nn.utils.get_total_norm([p.grad for p in q_params])
+                    nan_guard.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf: no host wait
                     updates += 1
 
                     if updates % args.policy_frequency == 0:
+                        qf1.requires_grad_(False), qf2.requires_grad_(False)  # the actor's loss trains the actor only
                         for _ in range(args.policy_frequency):
-                            pi, log_pi, _ = actor(data["obs"])
-                            min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
-                            actor_loss = (alpha * log_pi - min_q_pi).mean()
-                            actor_optimizer.zero_grad(set_to_none=True)
-                            actor_loss.backward()
-                            nan_guard.step(actor_optimizer, actor_loss, global_step)
+                            loss, actor_loss = policy_loss_fn(
+                                actor, qf1, qf2, data["obs"], alpha, log_alpha, target_entropy, args.autotune
+                            )
+                            for optimizer in actor_optimizers:
+                                optimizer.zero_grad(set_to_none=True)
+                            loss.backward()
+                            norm = nn.utils.get_total_norm([p.grad for p in actor_params])
+                            for optimizer in actor_optimizers:
+                                nan_guard.step(optimizer, norm, global_step)
                             if args.autotune:
-                                alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
-                                a_optimizer.zero_grad(set_to_none=True)
-                                alpha_loss.backward()
-                                nan_guard.step(a_optimizer, alpha_loss, global_step)
                                 alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
+                        qf1.requires_grad_(True), qf2.requires_grad_(True)
 
                     if updates % args.target_network_frequency == 0:
                         polyak_update_(qf1_target, qf1, args.tau)

@@ -95,6 +95,10 @@ class Args:
     """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
+    compile: bool = False
+    """if toggled, torch.compile the policy step and the critic and actor losses (the first steps pay for compiling)"""
+    cudagraphs: bool = False
+    """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v4"
@@ -161,6 +165,8 @@ def validate(args: Args, ranks: Ranks) -> None:
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
     check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     check_env_id(args.env_id)
 
 
@@ -245,6 +251,29 @@ def soft_q_target(
     transition is the final observation (so truncation keeps its bootstrap).
     """
     return rewards + gamma * (1.0 - terminations) * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+
+
+def critic_loss(actor, qf1, qf2, qf1_target, qf2_target, data: dict[str, torch.Tensor], alpha, gamma: float):
+    """Both critics' mean squared error to one clipped double-Q soft target on ``data``, summed; returns it and
+    both critics' values."""
+    with torch.no_grad():
+        next_actions, next_log_prob, _ = actor(data["next_obs"])
+        next_q1, next_q2 = qf1_target(data["next_obs"], next_actions), qf2_target(data["next_obs"], next_actions)
+        target = soft_q_target(data["rewards"], next_q1, next_q2, next_log_prob, data["terminations"].float(), alpha,
+                               gamma)  # fmt: skip
+    qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
+    return F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target), qf1_values, qf2_values
+
+
+def policy_loss(actor, qf1, qf2, obs: torch.Tensor, alpha, log_alpha, target_entropy: float, autotune: bool):
+    """The actor's loss mean(alpha * log pi(a|s) - min(Q1, Q2)(s, a)), a ~ pi(.|s), on ``obs``; with ``autotune``
+    plus the temperature's loss, which reaches ``log_alpha`` only (one backward for both). Returns (the sum,
+    the actor's loss)."""
+    pi, log_pi, _ = actor(obs)
+    actor_loss = (alpha * log_pi - torch.min(qf1(obs, pi), qf2(obs, pi))).mean()
+    if not autotune:
+        return actor_loss, actor_loss
+    return actor_loss - (log_alpha * (log_pi.detach() + target_entropy)).mean(), actor_loss
 
 
 @torch.no_grad()
@@ -340,11 +369,14 @@ def main() -> None:
     log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
     a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
-    alpha = args.alpha
+    alpha = log_alpha.detach().exp() if args.autotune else args.alpha
     q_params = [*qf1.parameters(), *qf2.parameters()]
     # the actor's and the temperature's gradients travel in one buffer, and step together
     actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())
     actor_optimizers = [actor_optimizer, a_optimizer] if args.autotune else [actor_optimizer]
+    act = torch.compile(actor, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else actor
+    critic_loss_fn = torch.compile(critic_loss) if args.compile else critic_loss
+    policy_loss_fn = torch.compile(policy_loss) if args.compile else policy_loss
     # This rank's shard: its own envs' transitions only, buffer_size / world_size of them.
     rb = ReplayBuffer(
         args.buffer_size // world_size,
@@ -398,7 +430,7 @@ def main() -> None:
                 actions = np.stack([envs.single_action_space.sample() for _ in range(local_num_envs)])
             else:
                 with inference_clock, torch.inference_mode():
-                    actions, _, _ = actor(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
+                    actions, _, _ = act(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
                 actions = actions.cpu().numpy()
             t0 = time.perf_counter()
             obs = next_obs
@@ -416,36 +448,25 @@ def main() -> None:
             if global_step > first_learning_step:
                 with learn_clock:
                     data = rb.sample_to(local_batch_size, device)
-                    with torch.no_grad():
-                        next_actions, next_log_prob, _ = actor(data["next_obs"])
-                        target = soft_q_target(
-                            data["rewards"],
-                            qf1_target(data["next_obs"], next_actions),
-                            qf2_target(data["next_obs"], next_actions),
-                            next_log_prob,
-                            data["terminations"].float(),
-                            alpha,
-                            args.gamma,
-                        )
-                    qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
-                    qf_loss = F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target)
+                    qf_loss, qf1_values, qf2_values = critic_loss_fn(
+                        actor, qf1, qf2, qf1_target, qf2_target, data, alpha, args.gamma
+                    )
                     norm = backward_averaged(qf_loss, q_params, world_size, args.grad_compression, comm_clock)
                     nan_guard.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf: no host wait
                     updates += 1
 
                     if updates % args.policy_frequency == 0:
+                        qf1.requires_grad_(False), qf2.requires_grad_(False)  # the actor's loss trains the actor only
                         for _ in range(args.policy_frequency):
-                            pi, log_pi, _ = actor(data["obs"])
-                            min_q_pi = torch.min(qf1(data["obs"], pi), qf2(data["obs"], pi))
-                            actor_loss = (alpha * log_pi - min_q_pi).mean()
-                            if args.autotune:  # the temperature's loss reaches log_alpha only: one backward for both
-                                alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
-                            loss = actor_loss + alpha_loss if args.autotune else actor_loss
+                            loss, actor_loss = policy_loss_fn(
+                                actor, qf1, qf2, data["obs"], alpha, log_alpha, target_entropy, args.autotune
+                            )
                             norm = backward_averaged(loss, actor_params, world_size, args.grad_compression, comm_clock)
                             for optimizer in actor_optimizers:
                                 nan_guard.step(optimizer, norm, global_step)
                             if args.autotune:
                                 alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
+                        qf1.requires_grad_(True), qf2.requires_grad_(True)
 
                     if updates % args.target_network_frequency == 0:
                         polyak_update_(qf1_target, qf1, args.tau)
