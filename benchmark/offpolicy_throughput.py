@@ -123,7 +123,9 @@ def main() -> None:
             f"SAC, HalfCheetah-v4, {n} steps, 256-256, batch 256, 1 torch thread",
             {
                 "sac_continuous_action.py": lambda: ours("sac_continuous_action.py", flags, 1000),
-                "sac_continuous_action.py --compile": lambda: ours("sac_continuous_action.py", [*flags, "--compile"], 1000),
+                "sac_continuous_action.py --compile": lambda: ours(
+                    "sac_continuous_action.py", [*flags, "--compile"], 1000
+                ),
                 "stable-baselines3": lambda: sb3("sac", n, 1000, 1000),
             },
             args.repeats,

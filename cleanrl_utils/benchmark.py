@@ -201,6 +201,7 @@ class Job:
     log: Path
     run_dir: Path
     gpus: int = 0
+    processes: int = 1  # a torchrun command's processes: the workers (cores) it takes in the pool
 
 
 def exp_name(command: list[str]) -> str:
@@ -228,7 +229,8 @@ def plan_grid(
                     raise ValueError(f"two commands give the run name {name}: give them different --exp-name values")
                 names.add(name)
                 argv = [*base, "--env-id", env_id, "--seed", str(seed), "--run-name", name]
-                jobs.append(Job(name, argv, log_dir / f"{name}.log", Path("runs") / name, gpus_per_run))
+                run_dir = Path("runs") / name
+                jobs.append(Job(name, argv, log_dir / f"{name}.log", run_dir, gpus_per_run, world_size_of(base)))
     return jobs
 
 
@@ -243,8 +245,28 @@ def has_checkpoints(job: Job) -> bool:
     return any((job.run_dir / "checkpoints").glob("ckpt_*.pt"))
 
 
+def resumable(jobs: list[Job], skip_completed: bool) -> list[Job]:
+    """The jobs still to run: with ``skip_completed`` those whose last attempt succeeded are left out and
+    interrupted ones (checkpoints, no success) continue with ``--resume``; without it a run directory that
+    holds checkpoints raises ValueError (a second grid would train into the first one's runs)."""
+    todo = []
+    for job in jobs:
+        status = status_of(job)
+        if skip_completed and status and status["returncode"] == 0:
+            continue
+        if has_checkpoints(job):
+            if not skip_completed:
+                raise ValueError(
+                    f"{job.run_dir} holds checkpoints: pass --skip-completed (resume it) or another --run-prefix"
+                )
+            job.argv += ["--resume", str(job.run_dir)]
+        todo.append(job)
+    return todo
+
+
 class Pool:
-    """Runs jobs, at most ``workers`` at a time, each on a free device slot; prints progress lines."""
+    """Runs jobs, at most ``workers`` processes at a time (a torchrun job counts its processes; one too large
+    runs alone), each on a free device slot; prints progress lines."""
 
     def __init__(self, workers: int, slots: list[dict[str, str]], threads: int, quiet: bool = False):
         self.workers, self.threads, self.quiet = workers, threads, quiet
@@ -256,8 +278,10 @@ class Pool:
         start, last_print = time.monotonic(), 0.0
         try:
             while pending or running:
-                while pending and len(running) < self.workers:
+                busy = sum(job.processes for job, *_ in running.values())
+                while pending and self.free_slots and (not running or busy + pending[0].processes <= self.workers):
                     job, slot = pending.pop(0), self.free_slots.pop(0)
+                    busy += job.processes
                     env = {**thread_env(self.threads), **slot}
                     if not self.quiet:
                         print(f"[benchmark] start {job.name}: {shlex.join(job.argv)}", flush=True)
@@ -354,17 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         if error:
             bad(f"{job.name}: {error}")
 
-    todo, skipped = [], 0
-    for job in jobs:
-        status = status_of(job)
-        if args.skip_completed and status and status["returncode"] == 0:
-            skipped += 1
-            continue
-        if has_checkpoints(job):
-            if not args.skip_completed:
-                bad(f"{job.run_dir} holds checkpoints: pass --skip-completed (resume it) or another --run-prefix")
-            job.argv += ["--resume", str(job.run_dir)]
-        todo.append(job)
+    try:
+        todo = resumable(jobs, args.skip_completed)
+    except ValueError as error:
+        bad(str(error))
+    skipped = len(jobs) - len(todo)
     if skipped:
         print(f"[benchmark] skipping {skipped} completed runs", flush=True)
     if args.dry_run:

@@ -81,3 +81,74 @@ def test_device_slots_and_world_size():
     assert device_slots([], 1, 1) == []
     assert world_size_of(["torchrun", "--nnodes=2", "--nproc_per_node", "4", "x.py"]) == 8
     assert world_size_of(["python", "x.py"]) == 1
+
+
+def _learning():
+    sys.path.insert(0, str(REPO / "benchmark"))
+    import learning
+
+    return learning
+
+
+@pytest.mark.quick
+def test_every_command_of_the_gpu_suite_is_accepted_by_its_script():
+    """The GPU suite is run on a GPU machine only: its commands must be right the day one is there."""
+    from cleanrl_utils.benchmark import check_script_args, script_of
+
+    learning = _learning()
+    jobs = learning.jobs_of("gpu")
+    assert {(job.argv[job.argv.index("--env-id") + 1], learning.seed_of(job)) for job in jobs} >= {
+        ("BreakoutNoFrameskip-v4", 3),
+        ("PongNoFrameskip-v4", 3),
+        ("HalfCheetah-v4", 3),
+    }
+    for suite in learning.SUITES:
+        for job in learning.jobs_of(suite):
+            script = script_of(job.argv)
+            _, error = check_script_args(script, job.argv[job.argv.index(str(script)) + 1 :], world_size_of(job.argv))
+            assert error is None, f"{suite}: {job.argv}: {error}"
+
+
+def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, monkeypatch):
+    """The suite plumbing on a tiny budget: two seeds of 2,048 steps through the grid runner, then the
+    final-return table beside CleanRL's number, the curves, and the page; a second call runs nothing."""
+    learning = _learning()
+    monkeypatch.setitem(learning.SUITES, "tiny", [learning.row("ppo", "python cleanrl/ppo.py --num-envs 4",
+                        ["CartPole-v1"], 2048, 2, [("CartPole-v1", 490.04, 6.12, "")])])  # fmt: skip
+    monkeypatch.setitem(learning.DESCRIPTION, "tiny", "two short seeds")
+    monkeypatch.setattr(learning, "SUITES", {"tiny": learning.SUITES["tiny"]})
+    monkeypatch.chdir(tmp_path)
+    for name, value in script_env().items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "docs" / "benchmarks"
+    assert learning.main(["tiny", "--workers", "2", "--out", str(out)]) == 0
+    runs = sorted(p.name for p in (tmp_path / "runs/bench/tiny").iterdir() if p.name != "logs")
+    assert runs == ["CartPole-v1__ppo__1", "CartPole-v1__ppo__2", "commits.txt"]
+    finals = learning.read_csv(out / "tiny" / "final_returns.csv")
+    assert [(r["script"], r["env_id"], r["seeds"], r["steps"]) for r in finals] == [("ppo", "CartPole-v1", "2", "2048")]
+    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    mean, std = float(finals[0]["mean"]), float(finals[0]["std"])
+    assert f"| ppo | CartPole-v1 | 2,048 | 2 | {mean:,.2f} ± {std:,.2f} | 490.04 ± 6.12 |" in page
+    assert (out / "tiny" / "curves.png").stat().st_size > 10_000 and "![tiny curves](tiny/curves.png)" in page
+    logs = sorted((tmp_path / "runs/bench/tiny/logs").glob("*.json"))
+    assert [json.loads(p.read_text())["returncode"] for p in logs] == [0, 0]
+    before = [p.stat().st_mtime for p in logs]
+    assert learning.main(["tiny", "--out", str(out)]) == 0  # finished runs are not run again
+    assert [p.stat().st_mtime for p in logs] == before
+
+
+@pytest.mark.quick
+def test_the_pool_counts_a_torchrun_run_as_its_processes(tmp_path):
+    """Two workers: a 2-process run never shares them with another run; 1-process runs go two at a time."""
+    from cleanrl_utils.benchmark import Job, Pool
+
+    def job(name, processes, seconds):
+        argv = [sys.executable, "-c", f"import time; print(time.time()); time.sleep({seconds}); print(time.time())"]
+        return Job(name, argv, tmp_path / f"{name}.log", tmp_path / name, processes=processes)
+
+    jobs = [job("a", 1, 1.0), job("wide", 2, 1.0), job("b", 1, 1.0), job("c", 1, 1.0)]
+    assert all(code == 0 for _, code in Pool(2, [], threads=1, quiet=True).run(jobs))
+    spans = {j.name: [float(x) for x in (tmp_path / f"{j.name}.log").read_text().split()] for j in jobs}
+    overlaps = lambda x, y: spans[x][0] < spans[y][1] and spans[y][0] < spans[x][1]  # noqa: E731
+    assert not any(overlaps("wide", other) for other in "abc")
+    assert overlaps("b", "c")

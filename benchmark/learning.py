@@ -1,0 +1,265 @@
+"""Learning results, one command per suite: the runs behind docs/benchmarks.md, beside CleanRL's numbers.
+
+    python benchmark/learning.py classic                  # run the suite (resumable), then its tables and curves
+    python benchmark/learning.py mujoco atari scaled      # several, in one pool of workers
+    python benchmark/learning.py gpu --dry-run            # print the commands (the GPU suite is not run on CPUs)
+    python benchmark/learning.py classic --report-only    # tables, curves and the page from the runs on disk
+
+Each suite lists its rows (script, command, env ids, steps, seeds) in ``SUITES`` below: the one place
+that says what a figure is. Runs go through cleanrl_utils/benchmark.py's runner into
+``runs/bench/<suite>/<env>__<exp>__<seed>`` (a torchrun row counts as many workers as its processes);
+an interrupted suite continues where it stopped (finished runs are skipped, interrupted ones resume
+from their checkpoints). Then cleanrl_utils/plot.py writes ``docs/benchmarks/<suite>/`` (curves
+against steps and wall time, final returns, throughput), and docs/benchmarks.md is rewritten from
+every suite's results.
+
+Final score, as CleanRL's tables compute it (openrlbenchmark's ``rlops``, whose
+``--metric-last-n-average-window`` is 100): per run the mean of its last 100 training episodes'
+``charts/episodic_return``; the table gives mean ± std over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cleanrl_utils import benchmark as runner  # noqa: E402
+
+LAST = 100  # episodes per run in its final score (CleanRL's tables: openrlbenchmark's default window)
+TORCHRUN = "torchrun --standalone --nproc_per_node 2"
+
+
+@dataclass(frozen=True)
+class Row:
+    exp: str  # the runs' exp name (the script's, unless the command gives --exp-name)
+    command: str  # without --env-id/--seed/--run-name, which the runner adds
+    env_ids: tuple[str, ...]
+    steps: int
+    seeds: int
+    # CleanRL's published final score per env id (mean, std over seeds), at the same budget unless noted
+    cleanrl: tuple[tuple[str, float, float, str], ...] = ()
+
+
+def row(exp: str, command: str, env_ids, steps: int, seeds: int, cleanrl=()) -> Row:
+    return Row(exp, f"{command} --total-timesteps {steps}", tuple(env_ids), steps, seeds, tuple(cleanrl))
+
+
+SUITES: dict[str, list[Row]] = {
+    "classic": [
+        row("ppo", "python cleanrl/ppo.py", ["CartPole-v1", "Acrobot-v1"], 500_000, 3,
+            [("CartPole-v1", 490.04, 6.12, ""), ("Acrobot-v1", -86.36, 1.32, "")]),
+        row("dqn", "python cleanrl/dqn.py", ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
+        row("appo", "python cleanrl/appo.py", ["CartPole-v1"], 500_000, 3),
+    ],
+    "mujoco": [
+        row("ppo_continuous_action", "python cleanrl/ppo_continuous_action.py", ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4"],
+            1_000_000, 3, [("HalfCheetah-v4", 1442.64, 46.03, ""), ("Hopper-v4", 2382.86, 271.74, ""),
+                           ("Walker2d-v4", 2287.95, 571.78, "")]),
+        row("sac_continuous_action", "python cleanrl/sac_continuous_action.py", ["HalfCheetah-v4", "Hopper-v4"], 300_000, 3,
+            [("HalfCheetah-v4", 9634.89, 1423.73, "at 1M"), ("Hopper-v4", 2310.46, 342.82, "at 1M")]),
+    ],
+    "atari": [
+        row("ppo_atari", "python cleanrl/ppo_atari.py", ["BreakoutNoFrameskip-v4"], 1_000_000, 2),
+        row("ppo_atari_envpool", "python cleanrl/ppo_atari_envpool.py --vector-mode ale", ["BreakoutNoFrameskip-v4"],
+            1_000_000, 2),
+        row("ppo_atari_multigpu", f"{TORCHRUN} cleanrl/ppo_atari_multigpu.py --num-envs 8", ["BreakoutNoFrameskip-v4"],
+            1_000_000, 2),
+    ],
+    "scaled": [  # beside the single-process runs of the mujoco and classic suites (same flags, same seeds)
+        row("sac_continuous_action_multigpu", f"{TORCHRUN} cleanrl/sac_continuous_action_multigpu.py",
+            ["HalfCheetah-v4"], 300_000, 2),
+    ],
+    "gpu": [  # defined for a GPU machine (one command per row there); not run on the CPU machine
+        row("ppo_atari_envpool", "python cleanrl/ppo_atari_envpool.py", ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"],
+            10_000_000, 3, [("BreakoutNoFrameskip-v4", 414.66, 28.09, ""), ("PongNoFrameskip-v4", 20.36, 0.20, "")]),
+        row("dqn_atari", "python cleanrl/dqn_atari.py", ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"], 10_000_000, 3,
+            [("BreakoutNoFrameskip-v4", 366.93, 39.89, ""), ("PongNoFrameskip-v4", 20.25, 0.41, "")]),
+        row("sac_continuous_action", "python cleanrl/sac_continuous_action.py", ["HalfCheetah-v4"], 1_000_000, 3,
+            [("HalfCheetah-v4", 9634.89, 1423.73, "")]),
+    ],
+}  # fmt: skip
+# what a suite's page compares its runs with (other suites' runs of the same flags)
+ALSO_PLOT = {"scaled": ["mujoco", "classic"]}
+DESCRIPTION = {
+    "classic": "classic control, 500k steps, defaults of each script",
+    "mujoco": "MuJoCo, CleanRL's budgets (SAC: 300k of CleanRL's 1M)",
+    "atari": "Breakout, 1M steps (CleanRL publishes 10M), single-process, ALE vector env, 2 processes",
+    "scaled": "the variants that exist to go faster, beside their single-process base",
+    "gpu": "10M-step Atari and 1M-step SAC: defined, to run on a GPU machine",
+}
+
+
+def suite_dir(suite: str) -> Path:
+    return Path("runs") / "bench" / suite
+
+
+def jobs_of(suite: str, seed_count: int | None = None) -> list[runner.Job]:
+    jobs = []
+    for r in SUITES[suite]:
+        seeds = list(range(1, (seed_count or r.seeds) + 1))
+        jobs += runner.plan_grid([r.command], list(r.env_ids), seeds, f"bench/{suite}/", suite_dir(suite) / "logs", 1)
+    return jobs
+
+
+def seed_of(job: runner.Job) -> int:
+    return int(job.argv[job.argv.index("--seed") + 1])
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "cleanrl", "cleanrl_utils"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return (out.stdout.strip() or "unknown") + ("+uncommitted" if dirty else "")
+
+
+def run_suites(suites: list[str], workers: int, dry_run: bool, seed_count: int | None) -> int:
+    # seed-major: every row's first seeds before any row's last, so a suite cut short still covers every row
+    jobs = sorted((job for suite in suites for job in jobs_of(suite, seed_count)), key=lambda job: seed_of(job))
+    for job in jobs:  # every command's flags, before anything starts (one line, exit 2)
+        script = runner.script_of(job.argv)
+        tail = job.argv[job.argv.index(str(script)) + 1 :]
+        _, error = runner.check_script_args(script, tail, runner.world_size_of(job.argv))
+        if error:
+            print(f"error: {job.name}: {error}", file=sys.stderr)
+            return 2
+    todo = runner.resumable(jobs, skip_completed=True)
+    if dry_run:
+        for job in todo:
+            print(shlex.join(job.argv))
+        return 0
+    for suite in suites:
+        suite_dir(suite).mkdir(parents=True, exist_ok=True)
+        with open(suite_dir(suite) / "commits.txt", "a") as f:  # the code each stretch of runs was made by
+            f.write(f"{commit()}\n")
+    print(f"[learning] {len(todo)} of {len(jobs)} runs to do on {workers} workers", flush=True)
+    done = runner.Pool(workers, [], threads=1).run(todo)
+    failed = [(job, code) for job, code in done if code != 0]
+    for job, code in failed:
+        print(f"[learning] FAILED {job.name}: exit {code}; log {job.log}: {runner.last_line(job.log)}", flush=True)
+    return 1 if failed else 0
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def report(suite: str, out_root: Path) -> str | None:
+    """Curves and tables of ``suite`` into ``out_root/<suite>/``; returns its section of the page (None: no runs)."""
+    from cleanrl_utils import plot
+
+    dirs = [suite_dir(s) for s in [suite, *ALSO_PLOT.get(suite, [])] if suite_dir(s).is_dir()]
+    if not dirs or not any(suite_dir(suite).rglob("events.out.tfevents.*")):
+        return None
+    out = out_root / suite
+    code = plot.main([*map(str, dirs), "--out", str(out), "--last", str(LAST), "--smooth", "20"])
+    if code != 0:
+        return None
+    finals = {(r["script"], r["env_id"]): r for r in read_csv(out / "final_returns.csv")}
+    speed = {(r["script"], r["env_id"]): r for r in read_csv(out / "throughput.csv")}
+    commits = (
+        sorted(set((suite_dir(suite) / "commits.txt").read_text().split()))
+        if (suite_dir(suite) / "commits.txt").exists()
+        else ["unknown"]
+    )
+    lines = [
+        f"### {suite}: {DESCRIPTION[suite]}",
+        "",
+        f"Commit {', '.join(commits)}; command: `python benchmark/learning.py {suite}`.",
+        "",
+    ]
+    lines += [
+        "| script | env | steps | seeds | final return (mean ± std) | CleanRL | wall time / run | SPS |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows = [r for s in [suite, *ALSO_PLOT.get(suite, [])] for r in SUITES[s]]
+    for r in rows:
+        reference = {env: (mean, std, note) for env, mean, std, note in r.cleanrl}
+        for env in r.env_ids:
+            final, throughput = finals.get((r.exp, env)), speed.get((r.exp, env))
+            if final is None:
+                continue
+            ours = f"{float(final['mean']):,.2f} ± {float(final['std']):,.2f}"
+            theirs = ""
+            if env in reference:
+                mean, std, note = reference[env]
+                theirs = f"{mean:,.2f} ± {std:,.2f}" + (f" ({note})" if note else "")
+            wall = f"{float(throughput['wall_s']) / 60:,.0f} min" if throughput else ""
+            sps = f"{float(throughput['sps']):,.0f}" if throughput else ""
+            lines.append(
+                f"| {r.exp} | {env} | {int(final['steps']):,} | {final['seeds']} | {ours} | {theirs} | {wall} | {sps} |"
+            )
+    lines += ["", f"![{suite} curves]({suite}/curves.png)", ""]
+    return "\n".join(lines)
+
+
+PAGE_HEAD = """# Learning results
+
+Every row is made by one command, `python benchmark/learning.py SUITE` (the suites and their rows are
+defined in [benchmark/learning.py](../benchmark/learning.py)), on this project's CPU machine: 2 cores,
+one torch thread per run, two runs at a time (a 2-process torchrun run takes both cores). Wall time and
+SPS are this machine's, with the other core busy with another run.
+
+**Final return**, as CleanRL's tables compute it (openrlbenchmark's `rlops`, whose
+`--metric-last-n-average-window` is 100): per run the mean of its last 100 training episodes'
+`charts/episodic_return` (whole games for Atari), then mean ± std (numpy's, over seeds) across seeds.
+CleanRL's numbers are from its documentation's benchmark tables, at the same budget unless the cell
+says otherwise. Curves: the mean over seeds of each run's 20-episode trailing mean, with a 95%
+bootstrap band, against env steps (top) and wall time (bottom).
+"""
+
+
+def write_page(out_root: Path, notes: dict[str, str]) -> Path:
+    sections = []
+    for suite in SUITES:
+        section = report(suite, out_root)
+        if section is None:
+            commands = "\n".join(shlex.join(job.argv) for job in jobs_of(suite))
+            section = (f"### {suite}: {DESCRIPTION[suite]}\n\nNot run yet on this machine. The commands "
+                       f"(`python benchmark/learning.py {suite} --dry-run`):\n\n```\n{commands}\n```\n")  # fmt: skip
+        if suite in notes:
+            section += "\n" + notes[suite] + "\n"
+        sections.append(section)
+    page = out_root.parent / "benchmarks.md"
+    page.write_text(PAGE_HEAD + "\n" + "\n".join(sections))
+    return page
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suites", nargs="+", choices=list(SUITES))
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes at a time (default: cores)")
+    parser.add_argument("--seeds", type=int, help="seeds per row instead of the suite's (a quick look)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands still to run, and exit")
+    parser.add_argument("--report-only", action="store_true", help="only the tables, curves and the page")
+    parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks"), help="where the tables and curves go")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        print(f"error: --workers {args.workers}: must be a positive integer", file=sys.stderr)
+        return 2
+    code = 0
+    if not args.report_only:
+        code = run_suites(args.suites, args.workers, args.dry_run, args.seeds)
+        if args.dry_run or code == 2:
+            return code
+    notes_file = Path(args.out) / "notes.md"
+    notes = {}
+    if notes_file.exists():  # hand-written findings per suite, under "## <suite>" headings
+        for block in notes_file.read_text().split("\n## ")[1:]:
+            name, _, text = block.partition("\n")
+            notes[name.strip()] = text.strip()
+    print(f"[learning] page: {write_page(Path(args.out), notes)}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
