@@ -106,7 +106,7 @@ def jobs_of(suite: str, seed_count: int | None = None) -> list[runner.Job]:
     jobs = []
     for r in SUITES[suite]:
         seeds = list(range(1, (seed_count or r.seeds) + 1))
-        jobs += runner.plan_grid([r.command], list(r.env_ids), seeds, f"bench/{suite}/", suite_dir(suite) / "logs", 1)
+        jobs += runner.plan_grid([r.command], list(r.env_ids), seeds, f"bench/{suite}/", Path("runs/logs"), 1)
     return jobs
 
 
@@ -193,7 +193,7 @@ def report(suite: str, out_root: Path) -> str | None:
             if env in reference:
                 mean, std, note = reference[env]
                 theirs = f"{mean:,.2f} ± {std:,.2f}" + (f" ({note})" if note else "")
-            wall = f"{float(throughput['wall_s']) / 60:,.0f} min" if throughput else ""
+            wall = f"{float(throughput['wall_s']) / 60:,.1f} min" if throughput else ""
             sps = f"{float(throughput['sps']):,.0f}" if throughput else ""
             lines.append(
                 f"| {r.exp} | {env} | {int(final['steps']):,} | {final['seeds']} | {ours} | {theirs} | {wall} | {sps} |"

@@ -122,7 +122,7 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
         monkeypatch.setenv(name, value)
     out = tmp_path / "docs" / "benchmarks"
     assert learning.main(["tiny", "--workers", "2", "--out", str(out)]) == 0
-    runs = sorted(p.name for p in (tmp_path / "runs/bench/tiny").iterdir() if p.name != "logs")
+    runs = sorted(p.name for p in (tmp_path / "runs/bench/tiny").iterdir())
     assert runs == ["CartPole-v1__ppo__1", "CartPole-v1__ppo__2", "commits.txt"]
     finals = learning.read_csv(out / "tiny" / "final_returns.csv")
     assert [(r["script"], r["env_id"], r["seeds"], r["steps"]) for r in finals] == [("ppo", "CartPole-v1", "2", "2048")]
@@ -130,7 +130,7 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     mean, std = float(finals[0]["mean"]), float(finals[0]["std"])
     assert f"| ppo | CartPole-v1 | 2,048 | 2 | {mean:,.2f} ± {std:,.2f} | 490.04 ± 6.12 |" in page
     assert (out / "tiny" / "curves.png").stat().st_size > 10_000 and "![tiny curves](tiny/curves.png)" in page
-    logs = sorted((tmp_path / "runs/bench/tiny/logs").glob("*.json"))
+    logs = sorted((tmp_path / "runs/logs/bench/tiny").glob("*.json"))
     assert [json.loads(p.read_text())["returncode"] for p in logs] == [0, 0]
     before = [p.stat().st_mtime for p in logs]
     assert learning.main(["tiny", "--out", str(out)]) == 0  # finished runs are not run again
