@@ -33,15 +33,24 @@ import torch.nn as nn
 from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.actors import ActorChannel, ActorPool
+from cleanrl_utils.arguments import fail, require_positive
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks
-from cleanrl_utils.envs import ALEVectorEnv, EnvPoolGames, EnvSnapshot, atari_actions, check_env_id, envpool_atari_task
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.envs import (
+    ALEVectorEnv,
+    EnvPoolGames,
+    EnvSnapshot,
+    atari_actions,
+    check_env_id,
+    envpool_atari_task,
+    finished_episodes,
+)
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
 from cleanrl_utils.param_server import ParameterServer
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
+from cleanrl_utils.run import RUN_ERRORS, Run, report_and_exit, setup
 
 gym.register_envs(ale_py)
 
@@ -51,7 +60,7 @@ class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """name of this experiment (part of the run name)"""
     seed: int = 1
-    """seed of the experiment; env i of actor a on rank r gets seed + (r * num_actors + a) * envs_per_actor + i"""
+    """seed of the experiment; env i of actor a on rank r: seed + (r * num_actors + a) * envs_per_actor + i"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
@@ -74,12 +83,14 @@ class Args:
     """continue from a checkpoint file or a run directory (its newest); its settings are kept (see README)"""
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
+    compile: bool = False
+    """if toggled, torch.compile the learner's minibatch loss (the first updates compile)"""
     actor_timeout: float = 60.0
     """seconds the learner waits for any rollout before declaring the actors stuck"""
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the Atari game: an ALE id for the gymnasium backend, an EnvPool task (e.g. Breakout-v5) for envpool and ale"""
+    """the Atari game: an ALE id for the gymnasium backend, an EnvPool task (Breakout-v5) for envpool and ale"""
     env_backend: Literal["gymnasium", "envpool", "ale"] = "gymnasium"
     """what steps the envs inside each actor: gymnasium, EnvPool or ale-py's AtariVectorEnv"""
     total_timesteps: int = 10_000_000
@@ -87,7 +98,7 @@ class Args:
     num_actors: int = 2
     """actor processes of each learner (rank)"""
     num_envs: int = 8
-    """parallel environments, summed over all ranks; each learner's num_envs / WORLD_SIZE are split over its actors"""
+    """parallel environments, summed over all ranks; each learner's share is split over its actors"""
     num_steps: int = 128
     """the number of steps per env per rollout"""
     max_policy_lag: int = 4
@@ -132,9 +143,9 @@ class Args:
 
 def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
-    require_positive(args, "num_actors", "learning_rate", "clip_coef", "actor_timeout", "max_grad_norm")
-    require_positive(args, "vtrace_rho_bar", "vtrace_c_bar", "dist_timeout")
+    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    require_positive(args, "threads", "num_actors", "learning_rate", "clip_coef", "actor_timeout")
+    require_positive(args, "max_grad_norm", "vtrace_rho_bar", "vtrace_c_bar", "dist_timeout")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 <= args.gae_lambda <= 1.0:
@@ -143,23 +154,15 @@ def validate(args: Args, ranks: Ranks) -> None:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
     if args.max_policy_lag < 0:
         fail(f"--max-policy-lag {args.max_policy_lag}: must be >= 0")
-    if args.num_envs % (ranks.world_size * args.num_actors) != 0:
-        fail(
-            f"--num-envs {args.num_envs}: must be a multiple of WORLD_SIZE x --num-actors = "
-            f"{ranks.world_size} x {args.num_actors}"
-        )
-    local_batch_size = args.num_envs // ranks.world_size * args.num_steps
-    if local_batch_size % args.num_minibatches != 0:
-        fail(
-            f"--num-minibatches {args.num_minibatches}: must divide each learner's batch "
-            f"num_envs / WORLD_SIZE * num_steps = {local_batch_size}"
-        )
-    if args.total_timesteps < args.num_envs * args.num_steps:
-        fail(
-            f"--total-timesteps {args.total_timesteps}: must be at least one update, "
-            f"num_envs * num_steps = {args.num_envs * args.num_steps}"
-        )
-    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    n, per_update = ranks.world_size * args.num_actors, args.num_envs * args.num_steps
+    learner_batch = per_update // ranks.world_size
+    if args.num_envs % n != 0:
+        fail(f"--num-envs {args.num_envs}: must be a multiple of WORLD_SIZE x --num-actors = {n}")
+    if learner_batch % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches}: must divide a learner's batch, {learner_batch}")
+    if args.total_timesteps < per_update:
+        fail(f"--total-timesteps {args.total_timesteps}: must be at least one update, {per_update} steps")
+    check_devices(args, ranks.local_world_size)
     if args.env_backend == "envpool":
         envpool_atari_task(args.env_id)  # an EnvPool Atari id, or an ALE id of the same game
     elif args.env_backend == "ale":
@@ -172,8 +175,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
     """A thunk making Atari env ``idx`` with the standard preprocessing, wrapped in EnvSnapshot."""
 
     def thunk():
-        # frameskip=1: AtariPreprocessing skips frames (with max-pooling) and reads the screen from
-        # the emulator itself, so the base env's own per-frame copy is kept small (grayscale).
+        # frameskip=1: AtariPreprocessing skips (max-pooled) frames and reads the grayscale screen itself
         if capture_video and idx == 0:
             env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir)
@@ -225,18 +227,18 @@ class Agent(nn.Module):
         action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
         return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
 
-    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor):
         """Log-probabilities of ``action``, policy entropy and state values."""
         hidden = self.hidden(x)
         log_probs = self.actor(hidden).log_softmax(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
+        newlogprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        return newlogprob, entropy, self.critic(hidden).squeeze(-1)
 
 
-def vtrace(
-    behaviour_logprobs, target_logprobs, rewards, values, next_value, terminations, dones, gamma, lam, rho_bar, c_bar
-):
-    """V-trace targets over a rollout of (num_steps, num_envs) arrays; returns (advantages v_s - V(x_s), targets v_s).
+def vtrace(behaviour_logprobs, target_logprobs, rewards, values, next_value, terminations, dones, gamma, lam,
+           rho_bar, c_bar):  # fmt: skip
+    """V-trace targets over (num_steps, num_envs) arrays; returns (advantages v_s - V(x_s), targets v_s).
 
     ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation step t
     returned (the real final observation when step t ended an episode, under next-step
@@ -258,16 +260,51 @@ def vtrace(
     return advantages, advantages + values
 
 
-def ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef: float, clip_vloss: bool):
-    """Clipped surrogate policy loss and (optionally clipped) value loss of a minibatch, both to be minimised."""
-    ratio = (newlogprob - oldlogprob).exp()
-    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: bool) -> list[dict]:
+    """One epoch over ``batch`` (rows weigh ``batch["weights"]``: 1 for a transition, 0 for a step that only
+    reset its env) in a random order, as ``num_minibatches`` minibatches of one size.
+
+    Each minibatch's weights are scaled to sum to 1 over its transitions, so ``x.dot(weights)`` is the
+    mean of ``x`` over them (one kernel); with ``norm_adv`` its advantages are normalised over them
+    (Tensor.std's unbiased estimate, once there are two). Done for all minibatches of the epoch at once:
+    one gather per tensor instead of one per minibatch, and the minibatches are views.
+    """
+    perm = torch.randperm(len(batch["weights"]), device=batch["weights"].device)
+    epoch = {k: v.index_select(0, perm).unflatten(0, (num_minibatches, -1)) for k, v in batch.items()}
+    n = epoch["weights"].sum(1, keepdim=True)
+    epoch["weights"] = w = epoch["weights"] / n.clamp(min=1.0)
+    if norm_adv:
+        centred = epoch["advantages"] - (epoch["advantages"] * w).sum(1, keepdim=True)
+        std = ((centred.square() * w).sum(1, keepdim=True) * n / (n - 1).clamp(min=1.0)).sqrt()
+        epoch["advantages"] = torch.where(n > 1, centred / (std + 1e-8), epoch["advantages"])
+    return [{k: v[i] for k, v in epoch.items()} for i in range(num_minibatches)]
+
+
+def minibatch_loss(agent: Agent, mb: dict[str, torch.Tensor], *, clip_coef: float, clip_vloss: bool,
+                   ent_coef: float, vf_coef: float) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    """PPO's loss on a minibatch of :func:`minibatches` (clipped surrogate, optionally clipped value
+    loss, entropy bonus): every mean is over its transitions, so the loss and its gradients are those of
+    the transitions alone, while the minibatch keeps one size every iteration (no data-dependent shapes:
+    torch.compile compiles it once, cuDNN plans once). Returns the loss and its statistics by name (0-d
+    tensors, detached), named as they are logged under ``losses/``.
+    """
+    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]
+    newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+    pg_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).dot(w)
+    v_loss = (newvalue - ret).square()
     if clip_vloss:
-        v_clipped = oldvalue + (newvalue - oldvalue).clamp(-clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-    return pg_loss, v_loss
+        v_clipped = old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef)
+        v_loss = torch.max(v_loss, (v_clipped - ret).square())
+    v_loss = 0.5 * v_loss.dot(w)
+    entropy_loss = entropy.dot(w)
+    with torch.no_grad():
+        stats = dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
+        stats["old_approx_kl"] = (-logratio).dot(w)
+        stats["approx_kl"] = ((ratio - 1) - logratio).dot(w)
+        stats["clipfrac"] = ((ratio - 1.0).abs() > clip_coef).float().dot(w)
+    return pg_loss - ent_coef * entropy_loss + v_loss * vf_coef, stats
 
 
 def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: str = "none") -> None:
@@ -290,8 +327,8 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
         t.copy_(chunk.view_as(t))
 
 
-def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int], slots: dict, params, video_dir: str):
-    """One actor process: step its envs (gymnasium, EnvPool or ALE) with the newest policy, fill rollout slots."""
+def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list, slots: dict, params, video_dir):
+    """One actor process: step its envs (gymnasium, EnvPool or ALE) with the newest policy, fill rollouts."""
     with channel.running(actor_id):  # Ctrl-C is the learner's; an exception reaches it as one error
         torch.set_num_threads(1)
         if args.env_backend == "ale":  # env i is seeded seeds[0] + i, like the gymnasium backend's
@@ -311,7 +348,7 @@ def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int
             fns = [make_env(args.env_id, i, capture, video_dir) for i in range(len(seeds))]
             envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP)
             next_obs, _ = envs.reset(seed=seeds)
-        assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout assumes next-step autoreset"
+        assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the rollout relies on it
         policy = Agent(int(envs.single_action_space.n)).to(memory_format=torch.channels_last)
         torch.manual_seed(seeds[0])
         version = -1
@@ -331,23 +368,20 @@ def actor_loop(actor_id: int, channel: ActorChannel, args: Args, seeds: list[int
                 slots["rewards"][slot, step] = torch.from_numpy(reward)
                 slots["terminations"][slot, step] = torch.from_numpy(terminated)
                 slots["dones"][slot, step] = torch.from_numpy(done)
-                if args.env_backend != "gymnasium":  # whole games, unclipped scores; reset steps count for nothing
+                if args.env_backend != "gymnasium":  # whole games, unclipped; reset steps count for nothing
                     episodes += [(score, length) for _, score, length in games.update(infos, truncated)]
                     next_reset = games.reset_next
                 else:
                     next_reset = done
-                    if "_episode" in infos:
-                        for i in np.flatnonzero(infos["_episode"]):
-                            episodes.append((float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+                    episodes += finished_episodes(infos)
             slots["obs"][slot, args.num_steps] = torch.from_numpy(next_obs)  # the bootstrap observation
             channel.deliver(actor_id, slot, version, episodes)
 
 
 def main() -> None:
-    # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
-    # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
-    device = ranks.device
+    # RANK, LOCAL_RANK, WORLD_SIZE from torchrun (`python`: rank 0 of 1); rank 0 reads the checkpoint
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
+    device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
     rank, world_size, distributed = ranks.rank, ranks.world_size, ranks.distributed
 
     local_num_envs = args.num_envs // world_size
@@ -373,16 +407,21 @@ def main() -> None:
     params = list(agent.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
+    loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
+    loss_coefs = {k: getattr(args, k) for k in ("clip_coef", "clip_vloss", "ent_coef", "vf_coef")}
     start_update, global_step, version = 1, 0, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         set_rng_state(checkpoint["rng"])  # this rank's own
-        start_update, global_step, version = checkpoint["update"] + 1, checkpoint["global_step"], checkpoint["version"]
+        start_update, global_step = checkpoint["update"] + 1, checkpoint["global_step"]
+        version = checkpoint["version"]
 
-    # SHARED MEMORY (frames as uint8): rollout slots and the parameter server, allocated once, before the actors start.
+    # SHARED MEMORY (frames as uint8): rollout slots and the parameter server, made before the actors start
     shape = (num_slots, args.num_steps, envs_per_actor)
-    slots = {"obs": torch.zeros((num_slots, args.num_steps + 1, envs_per_actor, *obs_shape), dtype=torch.uint8)}
+    slots = {
+        "obs": torch.zeros((num_slots, args.num_steps + 1, envs_per_actor, *obs_shape), dtype=torch.uint8)
+    }
     slots |= {"actions": torch.zeros(shape, dtype=torch.long), "valid": torch.zeros(shape, dtype=torch.bool)}
     slots |= {k: torch.zeros(shape) for k in ("logprobs", "rewards", "terminations", "dones")}
     for tensor in slots.values():
@@ -393,15 +432,17 @@ def main() -> None:
     # ACTORS (cleanrl_utils/actors.py starts, supervises and stops the processes). Seeds never collide
     # across actors, ranks or resumes (a resumed run starts new episodes).
     seed_base = args.seed + 10_000_019 * (start_update - 1) + rank * args.num_actors * envs_per_actor
-    seeds = [[seed_base + a * envs_per_actor + i for i in range(envs_per_actor)] for a in range(args.num_actors)]
+    seeds = [
+        [seed_base + a * envs_per_actor + i for i in range(envs_per_actor)] for a in range(args.num_actors)
+    ]
     video_dir = str(run_dir / "videos") if ranks.is_main else None  # rank 0's actor 0 records
     actor_args = [(args, seeds[a], slots, param_server, video_dir) for a in range(args.num_actors)]
     actors = ActorPool(actor_loop, actor_args, num_slots, args.env_id, args.actor_timeout)
 
-    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
+    # LOGGING SETUP: TensorBoard/W&B (rank 0), Ctrl-C, progress; the run directory exists from here on
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)
     writer = run.writer
-    comm_clock = DeviceClock(device)  # CUDA events on a GPU, where an NCCL call returns before its work is done
+    comm_clock = DeviceClock(device)  # CUDA events: an NCCL call returns before its work is done
     dropped = 0
     try:
         for update in range(start_update, num_updates + 1):
@@ -415,7 +456,7 @@ def main() -> None:
             while len(batch) < args.num_actors:
                 rollout = actors.next_rollout()  # an actor that raised, died or hangs: ActorError
                 actor_wait, actor_busy = actor_wait + rollout.wait, actor_busy + rollout.busy
-                episodes += [(global_step, episodic_return, length) for episodic_return, length in rollout.episodes]
+                episodes += [(global_step, *episode) for episode in rollout.episodes]
                 lag = version - rollout.version
                 if lag > args.max_policy_lag:
                     dropped += 1
@@ -426,6 +467,8 @@ def main() -> None:
             learner_wait = time.perf_counter() - wait_start
             queue_depth = actors.queue_depth()
             global_step += batch_size
+            # once, on the gloo side group: a learner that is gone is named here, in one line, before NCCL waits
+            wait_time = ranks.wait_for_all()
 
             # ADVANTAGES: V-trace under the learner's current weights. Slots are (steps, envs); the
             # batch puts the rollouts side by side as (steps, num_actors * envs_per_actor).
@@ -439,55 +482,33 @@ def main() -> None:
                 next_value = agent.get_value(obs_all[-1]).cpu().numpy()
             target_logprobs = target_logprobs.reshape(args.num_steps, local_num_envs).cpu().numpy()
             values = values.reshape(args.num_steps, local_num_envs).cpu().numpy()
-            advantages, returns = vtrace(
+            rewards, terminations, dones = (b[k].numpy() for k in ("rewards", "terminations", "dones"))
+            behaviour, hyper = (
                 b["logprobs"].numpy(),
-                target_logprobs,
-                b["rewards"].numpy(),
-                values,
-                next_value,
-                b["terminations"].numpy(),
-                b["dones"].numpy(),
-                args.gamma,
-                args.gae_lambda,
-                args.vtrace_rho_bar,
-                args.vtrace_c_bar,
+                (args.gamma, args.gae_lambda, args.vtrace_rho_bar, args.vtrace_c_bar),
+            )
+            advantages, returns = vtrace(
+                behaviour, target_logprobs, rewards, values, next_value, terminations, dones, *hyper
             )
 
-            # UPDATE: PPO epochs on the batch; the ratio is taken against the behaviour policy.
-            b_valid = b["valid"].reshape(-1).numpy()  # masks applied on the host: no shape the GPU must report back
-            b_obs = obs_all[:-1].reshape((-1, *obs_shape))[to_device(np.flatnonzero(b_valid), device)]
-            b_logprobs = to_device(b["logprobs"].reshape(-1).numpy()[b_valid], device)
-            b_actions = to_device(b["actions"].reshape(-1).numpy()[b_valid], device)
-            b_advantages = to_device(advantages.reshape(-1)[b_valid], device)
-            b_returns = to_device(returns.reshape(-1)[b_valid], device)
-            b_values = to_device(values.reshape(-1)[b_valid], device)
-            for slot in batch:  # the batch is copied out: the actors may refill these slots now
+            # UPDATE: PPO epochs on fixed-size minibatches (reset steps weigh 0), the ratio taken against
+            # the behaviour policy, as in ppo_atari.py. The batch is copied out: the actors may refill the slots.
+            host = {
+                "advantages": advantages,
+                "returns": returns,
+                "values": values,
+                "weights": b["valid"].float().numpy(),
+            }
+            data = {"obs": obs_all[:-1], **{k: to_device(v, device) for k, v in host.items()}}
+            data |= {k: b[k].to(device) for k in ("actions", "logprobs")}
+            data = {k: v.flatten(0, 1) for k, v in data.items()}  # (steps, envs, ...) -> (steps*envs, ...)
+            for slot in batch:
                 actors.release(slot)
-            clipfracs = []
+            minibatch_stats = []
             for _epoch in range(args.update_epochs):
-                b_inds = torch.randperm(b_obs.shape[0], device=device)
-                for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
-                    newlogprob, entropy, newvalue = agent.evaluate(b_obs[mb_inds], b_actions[mb_inds])
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    with torch.no_grad():
-                        ratio = logratio.exp()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-                    mb_advantages = b_advantages[mb_inds]
-                    if args.norm_adv and mb_advantages.numel() > 1:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss = ppo_loss(
-                        newlogprob,
-                        b_logprobs[mb_inds],
-                        mb_advantages,
-                        newvalue,
-                        b_values[mb_inds],
-                        b_returns[mb_inds],
-                        args.clip_coef,
-                        args.clip_vloss,
-                    )
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                for mb in minibatches(data, args.num_minibatches, args.norm_adv):
+                    loss, mb_stats = loss_fn(agent, mb, **loss_coefs)
+                    minibatch_stats.append(mb_stats)
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -495,36 +516,36 @@ def main() -> None:
                         with comm_clock:
                             all_reduce_mean_([p.grad for p in params], world_size)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    nan_guard.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips a NaN step alike
+                    nan_guard.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips alike
 
             # PUBLISH the new weights for the actors.
             version += 1
             param_server.publish(agent, version)
-            nan_guard.check(run.last_checkpoint, ranks.max)  # one read per update; no NaN step reached the weights
+            nan_guard.check(run.last_checkpoint, ranks.max)  # one read per update; no NaN reached the weights
             learn_time = time.perf_counter() - learn_start
 
             # LOGGING: rank 0 logs the episodes of every rank and the slowest rank's figures.
             local_sps = run.sps(global_step) / world_size
-            stats = {"learn_time": learn_time, "comm_time": comm_clock.read(), "queue_depth": queue_depth}
-            stats |= {"learner_idle_fraction": learner_wait / (learner_wait + learn_time), "dropped_rollouts": dropped}
-            stats |= {
-                "actor_idle_fraction": actor_wait / max(actor_wait + actor_busy, 1e-9),
-                "policy_lag": np.mean(lags),
-            }
-            gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **stats})
+            timings = {"learn_time": learn_time, "comm_time": comm_clock.read(), "queue_depth": queue_depth}
+            timings["rollout_wait_time"] = wait_time
+            timings["learner_idle_fraction"] = learner_wait / (learner_wait + learn_time)
+            timings["actor_idle_fraction"] = actor_wait / max(actor_wait + actor_busy, 1e-9)
+            timings |= {"dropped_rollouts": dropped, "policy_lag": np.mean(lags)}
+            gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
             if ranks.is_main:
                 log_rank_stats(
                     run, gathered, global_step
                 )  # episodes, perf/SPS_rank<r>, perf/<stat> of the slowest rank
-                y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+                # the last minibatch's losses and KL, the clip fraction of all minibatches
+                stats = {**mb_stats, "clipfrac": torch.stack([s["clipfrac"] for s in minibatch_stats]).mean()}
+                stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # one read of the device
+                valid = b["valid"].numpy()
+                y_pred, y_true = values[valid], returns[valid]
                 var_y = np.var(y_true)
                 explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-                writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-                writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+                for name, value in stats.items():
+                    writer.add_scalar(f"losses/{name}", value, global_step)
                 writer.add_scalar("losses/explained_variance", explained_var, global_step)
                 writer.add_histogram("perf/policy_lag_hist", np.array(lags), global_step)
                 run.log_progress(global_step)  # charts/SPS, CPU/GPU figures, the console line
@@ -539,8 +560,11 @@ def main() -> None:
                     "version": version,
                     "global_step": global_step,
                 }
-                own = {"rng": rng_state(), "parameters_sha256": parameters_digest(agent)}  # this learner's part
-                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                own = {
+                    "rng": rng_state(),
+                    "parameters_sha256": parameters_digest(agent),
+                }  # this learner's part
+                path = run.save(state, global_step, own=own)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
     except RUN_ERRORS as e:  # a dead actor, a NaN, a failed checkpoint write: one line, exit 1

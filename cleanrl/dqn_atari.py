@@ -41,22 +41,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import ReplayBuffer, to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.distributed import Ranks
+from cleanrl_utils.envs import (
+    EnvSnapshot,
+    check_env_id,
+    finished_episodes,
+    get_vector_state,
+    set_vector_state,
+)
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import (
-    RUN_ERRORS,
-    Run,
-    fail,
-    interval_crossed,
-    report_and_exit,
-    require_positive,
-    setup_run,
-    warn_if_no_learning,
-)
+from cleanrl_utils.run import RUN_ERRORS, Run, interval_crossed, report_and_exit, setup
 
 gym.register_envs(ale_py)
 
@@ -135,11 +134,11 @@ class Args:
     """if toggled, the Huber (smooth L1) TD loss; --no-huber-loss for CleanRL's squared error"""
 
 
-def validate(args: Args) -> None:
+def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "threads")
-    require_positive(args, "gradient_steps", "target_network_frequency", "learning_rate", "max_grad_norm")
-    require_positive(args, "exploration_fraction")
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
+    require_positive(args, "threads", "gradient_steps", "target_network_frequency", "learning_rate")
+    require_positive(args, "max_grad_norm", "exploration_fraction")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if args.train_frequency % args.num_envs != 0:
@@ -233,7 +232,7 @@ def td_target(
     return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
 
 
-def td_loss(q_network, target_network, data: dict[str, torch.Tensor], gamma: float, double_q: bool, huber: bool):
+def td_loss(q_network, target_network, data: dict, gamma: float, double_q: bool, huber: bool):
     """The TD loss of ``q_network`` on ``data`` (Huber with ``huber``, else squared error) against
     :func:`td_target` (Double DQN with ``double_q``); returns it and the Q-values of the taken actions."""
     with torch.no_grad():
@@ -245,7 +244,7 @@ def td_loss(q_network, target_network, data: dict[str, torch.Tensor], gamma: flo
 
 
 def main() -> None:
-    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # exit 2 on bad input, before any work
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -253,14 +252,14 @@ def main() -> None:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
 
     # ENV SETUP
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)],
         autoreset_mode=AutoresetMode.NEXT_STEP,
     )
-    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the replay buffer assumes next-step autoreset"
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the replay buffer relies on it
     obs_shape = envs.single_observation_space.shape
     n_actions = int(envs.single_action_space.n)
 
@@ -269,10 +268,18 @@ def main() -> None:
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
-    act = torch.compile(q_network, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else q_network
+    mode = "reduce-overhead" if args.cudagraphs else None  # reduce-overhead: replayed as a CUDA graph
+    act = torch.compile(q_network, mode=mode) if args.compile else q_network
     loss_fn = torch.compile(td_loss) if args.compile else td_loss
     rb = ReplayBuffer(
-        args.buffer_size, args.num_envs, obs_shape, (), np.uint8, np.int64, frame_stack=FRAME_STACK, seed=args.seed
+        args.buffer_size,
+        args.num_envs,
+        obs_shape,
+        (),
+        np.uint8,
+        np.int64,
+        frame_stack=FRAME_STACK,
+        seed=args.seed,
     )
     loss = old_val = torch.zeros((), device=device)  # of the latest gradient step
 
@@ -290,10 +297,10 @@ def main() -> None:
         if "replay" in checkpoint:
             rb.load_state_dict(checkpoint["replay"])
     # without a saved replay, a resumed run refills its buffer before learning again
-    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else global_step + args.learning_starts
+    first_learning_step = args.learning_starts + (0 if "replay" in (checkpoint or {}) else global_step)
 
-    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint)
+    # LOGGING SETUP: TensorBoard/W&B, Ctrl-C, progress, checkpoints; the run directory exists from here on
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock = DeviceClock(device), DeviceClock(device)  # CUDA events on a GPU
@@ -320,9 +327,8 @@ def main() -> None:
             # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
             rb.add(obs, actions, rewards, terminations, ~next_done)
             next_done = np.logical_or(terminations, truncations)
-            if "_episode" in infos:
-                for i in np.flatnonzero(infos["_episode"]):
-                    run.log_episode(global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+            for episodic_return, length in finished_episodes(infos):
+                run.log_episode(global_step, episodic_return, length)
 
             # UPDATE: a burst of gradient steps every train_frequency env steps
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
@@ -375,8 +381,13 @@ def main() -> None:
                 path = run.save(state, global_step)
                 if run.stop.signum:
                     run.exit_on_signal(run.stop.signum, path, global_step)
-        if args.save_model:  # the final checkpoint's weights, evaluated by cleanrl_utils/enjoy.py
-            run.save_model(["model"], epsilon=args.end_e)
+        if args.save_model:  # the final checkpoint's weights, evaluated as CleanRL's scripts evaluate theirs
+            from cleanrl_utils.enjoy import evaluate
+
+            model_path = run.save_model(["model"])
+            returns = evaluate(model_path, 10, args.seed, greedy=False, epsilon=args.end_e)
+            for i, episodic_return in enumerate(returns):
+                writer.add_scalar("eval/episodic_return", episodic_return, i)
     except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1
         report_and_exit(e)
     finally:

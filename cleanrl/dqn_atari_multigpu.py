@@ -61,22 +61,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import ReplayBuffer, to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks
-from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.envs import (
+    EnvSnapshot,
+    check_env_id,
+    finished_episodes,
+    get_vector_state,
+    set_vector_state,
+)
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import (
-    RUN_ERRORS,
-    Run,
-    fail,
-    interval_crossed,
-    report_and_exit,
-    require_positive,
-    warn_if_no_learning,
-)
+from cleanrl_utils.run import RUN_ERRORS, Run, interval_crossed, report_and_exit, setup
 
 gym.register_envs(ale_py)
 
@@ -167,15 +166,15 @@ class Args:
 
 def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency", "threads")
-    require_positive(args, "gradient_steps", "target_network_frequency", "learning_rate", "max_grad_norm")
-    require_positive(args, "exploration_fraction", "dist_timeout")
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
+    require_positive(args, "threads", "gradient_steps", "target_network_frequency", "learning_rate")
+    require_positive(args, "max_grad_norm", "exploration_fraction", "dist_timeout")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     for name in ("buffer_size", "batch_size"):
         if getattr(args, name) % ranks.world_size != 0:
             fail(
-                f"--{name.replace('_', '-')} {getattr(args, name)}: must be a multiple of the number of processes "
+                f"--{name.replace('_', '-')} {getattr(args, name)}: must be a multiple of the processes "
                 f"(WORLD_SIZE={ranks.world_size})"
             )
     if args.train_frequency % args.num_envs != 0:
@@ -190,12 +189,14 @@ def validate(args: Args, ranks: Ranks) -> None:
     warn_if_no_learning(args)
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
-    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    check_devices(args, ranks.local_world_size)
     if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     check_env_id(args.env_id, atari=True)
     # The replay is reserved in full at start: refuse now rather than be killed for memory hours later.
-    need = args.buffer_size // ranks.world_size * ranks.local_world_size * (84 * 84 + 16)  # this node's shards
+    need = (
+        args.buffer_size // ranks.world_size * ranks.local_world_size * (84 * 84 + 16)
+    )  # this node's shards
     available = psutil.virtual_memory().available
     if need > 0.9 * available:
         fail(
@@ -270,7 +271,7 @@ def td_target(
     return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
 
 
-def td_loss(q_network, target_network, data: dict[str, torch.Tensor], gamma: float, double_q: bool, huber: bool):
+def td_loss(q_network, target_network, data: dict, gamma: float, double_q: bool, huber: bool):
     """The TD loss of ``q_network`` on ``data`` (Huber with ``huber``, else squared error) against
     :func:`td_target` (Double DQN with ``double_q``); returns it and the Q-values of the taken actions."""
     with torch.no_grad():
@@ -302,12 +303,11 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
 
 
 def main() -> None:
-    # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
-    # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
-    device = ranks.device
+    # RANK, LOCAL_RANK, WORLD_SIZE from torchrun (`python`: rank 0 of 1); rank 0 reads the checkpoint
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
+    device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
     world_size, distributed = ranks.world_size, ranks.distributed
-    local_num_envs, local_batch_size = args.num_envs // world_size, args.batch_size // world_size
+    local_num_envs, local_batch_size = args.local_num_envs, args.batch_size // world_size
 
     random.seed(args.seed + ranks.rank)
     np.random.seed(args.seed + ranks.rank)
@@ -317,13 +317,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     # ENV SETUP: this rank's envs
-    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
+    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]
     capture = args.capture_video and ranks.is_main
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, capture, str(run_dir / "videos")) for i in range(local_num_envs)],
         autoreset_mode=AutoresetMode.NEXT_STEP,
     )
-    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the replay buffer assumes next-step autoreset"
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the replay buffer relies on it
     obs_shape = envs.single_observation_space.shape
     n_actions = int(envs.single_action_space.n)
 
@@ -336,7 +336,8 @@ def main() -> None:
     params = list(q_network.parameters())
     optimizer = torch.optim.Adam(params, lr=args.learning_rate, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
-    act = torch.compile(q_network, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else q_network
+    mode = "reduce-overhead" if args.cudagraphs else None  # reduce-overhead: replayed as a CUDA graph
+    act = torch.compile(q_network, mode=mode) if args.compile else q_network
     loss_fn = torch.compile(td_loss) if args.compile else td_loss
     # This rank's shard: its own envs' transitions only, buffer_size / world_size of them.
     rb = ReplayBuffer(
@@ -364,10 +365,10 @@ def main() -> None:
         if "replay" in checkpoint:
             rb.load_state_dict(checkpoint["replay"])
     # without a saved replay, a resumed run refills its buffer before learning again
-    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else global_step + args.learning_starts
+    first_learning_step = args.learning_starts + (0 if "replay" in (checkpoint or {}) else global_step)
 
-    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
+    # LOGGING SETUP: TensorBoard/W&B (rank 0), Ctrl-C, progress; the run directory exists from here on
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock, comm_clock = (DeviceClock(device) for _ in range(3))  # CUDA events on a GPU
@@ -395,9 +396,7 @@ def main() -> None:
             # REPLAY: into this rank's shard; the step after an episode end only resets that env.
             rb.add(obs, actions, rewards, terminations, ~next_done)
             next_done = np.logical_or(terminations, truncations)
-            if "_episode" in infos:
-                for i in np.flatnonzero(infos["_episode"]):
-                    episodes.append((global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+            episodes += [(global_step, *episode) for episode in finished_episodes(infos)]
 
             # UPDATE: each rank samples its share of the minibatch from its own shard; gradients are averaged.
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
@@ -413,7 +412,9 @@ def main() -> None:
                             with comm_clock:
                                 all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                         grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                        nan_guard.step(optimizer, grad_norm, global_step)  # all-reduced: every rank skips alike
+                        nan_guard.step(
+                            optimizer, grad_norm, global_step
+                        )  # all-reduced: every rank skips alike
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
@@ -421,7 +422,7 @@ def main() -> None:
 
             # LOGGING: rank 0 logs the episodes and timings of every rank (and the NaN check: read here and
             # right before each checkpoint, not per gradient step).
-            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
+            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # all ranks alike
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
             if step % log_every == 0 or due:
                 nan_guard.check(run.last_checkpoint, ranks.max)
@@ -436,7 +437,9 @@ def main() -> None:
                     {"episodes": episodes, "sps": local_sps, "comm_time": comm_clock.read(), **timings}
                 )
                 if ranks.is_main:
-                    log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
+                    log_rank_stats(
+                        run, gathered, global_step
+                    )  # episodes, perf/SPS_rank<r>, the slowest timings
                     writer.add_scalar("charts/epsilon", epsilon, global_step)
                     writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
                     writer.add_scalar("perf/replay_bytes_per_rank", rb.nbytes, global_step)
@@ -464,7 +467,7 @@ def main() -> None:
                 }
                 if args.checkpoint_buffer:
                     own["replay"] = rb.state_dict()
-                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                path = run.save(state, global_step, own=own)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
     except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1

@@ -41,11 +41,20 @@ import torch
 import torch.nn as nn
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.arguments import fail, require_batch, require_positive
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.distributed import Ranks
+from cleanrl_utils.envs import (
+    EnvSnapshot,
+    async_vector_env,
+    check_env_id,
+    finished_episodes,
+    get_vector_state,
+    set_vector_state,
+)
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_batch, require_positive, setup_run
+from cleanrl_utils.run import RUN_ERRORS, Run, report_and_exit, setup
 
 
 @dataclass
@@ -55,7 +64,7 @@ class Args:
     seed: int = 1
     """seed of the experiment; env i is seeded with seed + i"""
     torch_deterministic: bool = True
-    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (faster on GPUs)"""
+    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (GPUs)"""
     cuda: bool = False
     """if toggled, train on CUDA when available (a small MLP is faster on the CPU)"""
     threads: int = 1
@@ -77,7 +86,7 @@ class Args:
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
     compile: bool = False
-    """if toggled, torch.compile the policy step and the minibatch loss (the first iterations pay for compiling)"""
+    """if toggled, torch.compile the policy step and the minibatch loss (the first iterations compile)"""
     cudagraphs: bool = False
     """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
@@ -122,10 +131,10 @@ class Args:
     """stop the epochs of an update early once the approximate KL exceeds this"""
 
 
-def validate(args: Args) -> None:
+def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
-    require_positive(args, "learning_rate", "clip_coef", "env_timeout", "max_grad_norm")
+    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    require_positive(args, "threads", "learning_rate", "clip_coef", "env_timeout", "max_grad_norm")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 <= args.gae_lambda <= 1.0:
@@ -186,7 +195,7 @@ class Agent(nn.Module):
         action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
         return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.get_value(x)
 
-    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor):
         """Log-probabilities of ``action``, policy entropy and state values."""
         log_probs = self.actor(x).log_softmax(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -194,7 +203,7 @@ class Agent(nn.Module):
 
 
 def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation over a rollout of (num_steps, num_envs) arrays; returns (advantages, returns).
+    """Generalized advantage estimation over (num_steps, num_envs) arrays; returns (advantages, returns).
 
     ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation that
     step t returned: under next-step autoreset that is the real final observation when step t
@@ -212,7 +221,7 @@ def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, 
     return advantages, advantages + values
 
 
-def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: bool) -> list[dict[str, torch.Tensor]]:
+def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: bool) -> list[dict]:
     """One epoch over ``batch`` (rows weigh ``batch["weights"]``: 1 for a transition, 0 for a step that only
     reset its env) in a random order, as ``num_minibatches`` minibatches of one size.
 
@@ -232,27 +241,27 @@ def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: 
     return [{k: v[i] for k, v in epoch.items()} for i in range(num_minibatches)]
 
 
-def minibatch_loss(
-    agent: Agent, mb: dict[str, torch.Tensor], *, clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's loss on minibatch ``mb`` of :func:`minibatches` (clipped surrogate, optionally clipped value loss,
-    entropy bonus): every mean is over its transitions, so the loss and its gradients are those of the
-    transitions alone, while the minibatch keeps one size every iteration (no data-dependent shapes:
+def minibatch_loss(agent: Agent, mb: dict[str, torch.Tensor], *, clip_coef: float, clip_vloss: bool,
+                   ent_coef: float, vf_coef: float) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    """PPO's loss on a minibatch of :func:`minibatches` (clipped surrogate, optionally clipped value
+    loss, entropy bonus): every mean is over its transitions, so the loss and its gradients are those of
+    the transitions alone, while the minibatch keeps one size every iteration (no data-dependent shapes:
     torch.compile compiles it once, cuDNN plans once). Returns the loss and its statistics by name (0-d
     tensors, detached), named as they are logged under ``losses/``.
     """
-    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]  # x.dot(w): mean of x
+    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]
     newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     pg_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).dot(w)
     v_loss = (newvalue - ret).square()
     if clip_vloss:
-        v_loss = torch.max(v_loss, (old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef) - ret).square())
+        v_clipped = old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef)
+        v_loss = torch.max(v_loss, (v_clipped - ret).square())
     v_loss = 0.5 * v_loss.dot(w)
     entropy_loss = entropy.dot(w)
     with torch.no_grad():
-        stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach()}
+        stats = dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
         stats["old_approx_kl"] = (-logratio).dot(w)
         stats["approx_kl"] = ((ratio - 1) - logratio).dot(w)
         stats["clipfrac"] = ((ratio - 1.0).abs() > clip_coef).float().dot(w)
@@ -260,7 +269,7 @@ def minibatch_loss(
 
 
 def main() -> None:
-    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # exit 2 on bad input, before any work
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
 
@@ -268,33 +277,35 @@ def main() -> None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.backends.cudnn.benchmark = not args.torch_deterministic  # the fastest kernels for each (fixed) shape
-    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # high: TF32 on GPUs
+    torch.backends.cudnn.benchmark = not args.torch_deterministic  # autotuned kernels per (fixed) shape
+    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # TF32 on GPUs
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
 
     # ENV SETUP
-    env_fns = [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)]
+    video_dir = str(run_dir / "videos")
+    env_fns = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
     if args.vector_mode == "sync":
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
     else:  # one worker process per env; one that raises, dies or hangs stops the run with one line
         envs = async_vector_env(env_fns, args.env_id, args.env_timeout)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout below assumes next-step autoreset"
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the rollout below relies on it
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
         fail(f"--env-id {args.env_id}: needs a discrete action space, got {envs.single_action_space}")
     obs_shape = envs.single_observation_space.shape
 
     agent = Agent(int(np.prod(obs_shape)), int(envs.single_action_space.n)).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)  # one kernel
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
-    act = torch.compile(agent.act, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else agent.act
+    mode = "reduce-overhead" if args.cudagraphs else None  # reduce-overhead: replayed as a CUDA graph
+    act = torch.compile(agent.act, mode=mode) if args.compile else agent.act
     loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
     loss_coefs = {k: getattr(args, k) for k in ("clip_coef", "clip_vloss", "ent_coef", "vf_coef")}
 
-    # ROLLOUT STORAGE, step t: obs_t (floats), its action, what stepping returned; the policy's side on the device
+    # ROLLOUT STORAGE, step t: obs_t (floats), its action, what stepping returned; the policy's on the device
     shape = (args.num_steps, args.num_envs)
     obs = torch.zeros((*shape, *obs_shape), device=device)
     actions = torch.zeros(shape, dtype=torch.long, device=device)
@@ -312,8 +323,8 @@ def main() -> None:
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
 
-    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint)
+    # LOGGING SETUP: TensorBoard/W&B, Ctrl-C, progress, checkpoints; the run directory exists from here on
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)
     writer = run.writer
     try:
         for iteration in range(start_iteration, num_iterations + 1):
@@ -338,9 +349,8 @@ def main() -> None:
 
                 next_done = np.logical_or(terminated, truncated)
                 rewards[step], terminations[step], dones[step] = reward, terminated, next_done
-                if "_episode" in infos:
-                    for i in np.flatnonzero(infos["_episode"]):
-                        run.log_episode(global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+                for episodic_return, length in finished_episodes(infos):
+                    run.log_episode(global_step, episodic_return, length)
 
             # ADVANTAGES
             learn_start = time.perf_counter()
@@ -355,7 +365,7 @@ def main() -> None:
             host = {"advantages": advantages, "returns": returns, "weights": valid}
             batch = {"obs": obs, "actions": actions, "logprobs": logprobs, "values": values}
             batch |= {k: to_device(v, device) for k, v in host.items()}
-            batch = {k: v.flatten(0, 1) for k, v in batch.items()}  # (steps, envs, ...) -> (steps x envs, ...)
+            batch = {k: v.flatten(0, 1) for k, v in batch.items()}  # (steps, envs, ...) -> (steps*envs, ...)
             minibatch_stats = []
             for _epoch in range(args.update_epochs):
                 for mb in minibatches(batch, args.num_minibatches, args.norm_adv):
@@ -365,19 +375,20 @@ def main() -> None:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf
 
-                if args.target_kl is not None and mb_stats["approx_kl"] > args.target_kl:  # the last minibatch's
+                if args.target_kl is not None and mb_stats["approx_kl"] > args.target_kl:
                     break
-            nan_guard.check(run.last_checkpoint)  # one host read per iteration; no NaN step reached the weights
+            nan_guard.check(run.last_checkpoint)  # one host read per iteration; no NaN reached the weights
             learn_time = time.perf_counter() - learn_start  # after that read, so the device's work is counted
 
             # LOGGING
             # the last minibatch\'s losses and KL, the clip fraction of all minibatches
             stats = {**mb_stats, "clipfrac": torch.stack([s["clipfrac"] for s in minibatch_stats]).mean()}
             stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # one read of the device
-            var_y = np.var(returns[valid > 0])
-            explained_var = np.nan if var_y == 0 else 1 - np.var(returns[valid > 0] - values_np[valid > 0]) / var_y
+            y_pred, y_true = values_np[valid > 0], returns[valid > 0]
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
             for name, value in stats.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)

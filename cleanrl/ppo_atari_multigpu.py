@@ -57,14 +57,22 @@ import torch.distributed as dist
 import torch.nn as nn
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.arguments import fail, require_positive
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import to_device
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks, to_cpu
-from cleanrl_utils.envs import EnvSnapshot, async_vector_env, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, to_cpu
+from cleanrl_utils.envs import (
+    EnvSnapshot,
+    async_vector_env,
+    check_env_id,
+    finished_episodes,
+    get_vector_state,
+    set_vector_state,
+)
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive
+from cleanrl_utils.run import RUN_ERRORS, Run, report_and_exit, setup
 
 gym.register_envs(ale_py)
 
@@ -76,7 +84,7 @@ class Args:
     seed: int = 1
     """seed of the experiment; env i of rank r is seeded with seed + r * local_num_envs + i"""
     torch_deterministic: bool = True
-    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (faster on GPUs)"""
+    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (GPUs)"""
     cuda: bool = True
     """if toggled, train on CUDA when available"""
     threads: int | None = None
@@ -90,7 +98,7 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of env 0 into runs/<run-name>/videos"""
     run_name: str | None = None
-    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<torchrun run id or unix time>"""
+    """name of the run directory under runs/; default <env-id>__<exp-name>__<seed>__<torchrun run id or time>"""
     checkpoint_interval: int = 500_000
     """write a checkpoint every this many env steps (0: only at the end and on Ctrl-C)"""
     resume: str | None = None
@@ -98,7 +106,7 @@ class Args:
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
     compile: bool = False
-    """if toggled, torch.compile the policy step and the minibatch loss (the first iterations pay for compiling)"""
+    """if toggled, torch.compile the policy step and the minibatch loss (the first iterations compile)"""
     cudagraphs: bool = False
     """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
@@ -161,8 +169,9 @@ class Args:
 
 def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "threads")
-    require_positive(args, "learning_rate", "clip_coef", "env_timeout", "max_grad_norm", "dist_timeout", "sync_every")
+    require_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    require_positive(args, "threads", "learning_rate", "clip_coef", "env_timeout", "max_grad_norm")
+    require_positive(args, "dist_timeout", "sync_every")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 <= args.gae_lambda <= 1.0:
@@ -177,7 +186,7 @@ def validate(args: Args, ranks: Ranks) -> None:
             f"--num-minibatches {args.num_minibatches}: must divide each rank's batch "
             f"num_envs / WORLD_SIZE * num_steps = {local_batch_size}"
         )
-    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    check_devices(args, ranks.local_world_size)
     batch_size = args.num_envs * args.num_steps
     if args.total_timesteps < batch_size:
         fail(
@@ -243,16 +252,17 @@ class Agent(nn.Module):
         action = (log_probs - torch.empty_like(log_probs).exponential_().log()).argmax(-1)
         return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
 
-    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor):
         """Log-probabilities of ``action``, policy entropy and state values."""
         hidden = self.hidden(x)
         log_probs = self.actor(hidden).log_softmax(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), entropy, self.critic(hidden).squeeze(-1)
+        newlogprob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        return newlogprob, entropy, self.critic(hidden).squeeze(-1)
 
 
 def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, gae_lambda: float):
-    """Generalized advantage estimation over a rollout of (num_steps, num_envs) arrays; returns (advantages, returns).
+    """Generalized advantage estimation over (num_steps, num_envs) arrays; returns (advantages, returns).
 
     ``values[t + 1]`` (``next_value`` after the last step) is the value of the observation that
     step t returned: under next-step autoreset that is the real final observation when step t
@@ -270,7 +280,7 @@ def compute_gae(rewards, values, next_value, terminations, dones, gamma: float, 
     return advantages, advantages + values
 
 
-def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: bool) -> list[dict[str, torch.Tensor]]:
+def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: bool) -> list[dict]:
     """One epoch over ``batch`` (rows weigh ``batch["weights"]``: 1 for a transition, 0 for a step that only
     reset its env) in a random order, as ``num_minibatches`` minibatches of one size.
 
@@ -290,27 +300,27 @@ def minibatches(batch: dict[str, torch.Tensor], num_minibatches: int, norm_adv: 
     return [{k: v[i] for k, v in epoch.items()} for i in range(num_minibatches)]
 
 
-def minibatch_loss(
-    agent: Agent, mb: dict[str, torch.Tensor], *, clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's loss on minibatch ``mb`` of :func:`minibatches` (clipped surrogate, optionally clipped value loss,
-    entropy bonus): every mean is over its transitions, so the loss and its gradients are those of the
-    transitions alone, while the minibatch keeps one size every iteration (no data-dependent shapes:
+def minibatch_loss(agent: Agent, mb: dict[str, torch.Tensor], *, clip_coef: float, clip_vloss: bool,
+                   ent_coef: float, vf_coef: float) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    """PPO's loss on a minibatch of :func:`minibatches` (clipped surrogate, optionally clipped value
+    loss, entropy bonus): every mean is over its transitions, so the loss and its gradients are those of
+    the transitions alone, while the minibatch keeps one size every iteration (no data-dependent shapes:
     torch.compile compiles it once, cuDNN plans once). Returns the loss and its statistics by name (0-d
     tensors, detached), named as they are logged under ``losses/``.
     """
-    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]  # x.dot(w): mean of x
+    w, adv, old_value, ret = mb["weights"], mb["advantages"], mb["values"], mb["returns"]
     newlogprob, entropy, newvalue = agent.evaluate(mb["obs"], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     pg_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)).dot(w)
     v_loss = (newvalue - ret).square()
     if clip_vloss:
-        v_loss = torch.max(v_loss, (old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef) - ret).square())
+        v_clipped = old_value + (newvalue - old_value).clamp(-clip_coef, clip_coef)
+        v_loss = torch.max(v_loss, (v_clipped - ret).square())
     v_loss = 0.5 * v_loss.dot(w)
     entropy_loss = entropy.dot(w)
     with torch.no_grad():
-        stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach()}
+        stats = dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
         stats["old_approx_kl"] = (-logratio).dot(w)
         stats["approx_kl"] = ((ratio - 1) - logratio).dot(w)
         stats["clipfrac"] = ((ratio - 1.0).abs() > clip_coef).float().dot(w)
@@ -338,12 +348,11 @@ def all_reduce_mean_(tensors: list[torch.Tensor], world_size: int, compression: 
 
 
 def main() -> None:
-    # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
-    # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
-    device = ranks.device
+    # RANK, LOCAL_RANK, WORLD_SIZE from torchrun (`python`: rank 0 of 1); rank 0 reads the checkpoint
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
+    device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
     world_size, distributed = ranks.world_size, ranks.distributed
-    local_num_envs = args.num_envs // world_size
+    local_num_envs = args.local_num_envs  # num_envs / world_size
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     learning_rate = args.learning_rate * (world_size if args.scale_lr else 1)
@@ -352,20 +361,20 @@ def main() -> None:
     np.random.seed(args.seed + ranks.rank)
     torch.manual_seed(args.seed + ranks.rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.backends.cudnn.benchmark = not args.torch_deterministic  # the fastest kernels for each (fixed) shape
-    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # high: TF32 on GPUs
+    torch.backends.cudnn.benchmark = not args.torch_deterministic  # autotuned kernels per (fixed) shape
+    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # TF32 on GPUs
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
     # ENV SETUP: this rank's envs
-    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
+    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]
     capture = args.capture_video and ranks.is_main
     env_fns = [make_env(args.env_id, i, capture, str(run_dir / "videos")) for i in range(local_num_envs)]
     if args.vector_mode == "sync":
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
     else:  # one worker process per env; one that raises, dies or hangs stops the run with one line
         envs = async_vector_env(env_fns, args.env_id, args.env_timeout)
-    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the rollout below assumes next-step autoreset"
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the rollout below relies on it
     obs_shape = envs.single_observation_space.shape
 
     agent = Agent(int(envs.single_action_space.n)).to(device, memory_format=torch.channels_last)
@@ -376,11 +385,12 @@ def main() -> None:
     # fused Adam: one kernel for all parameters instead of ~10 small ops per tensor.
     optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
-    act = torch.compile(agent.act, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else agent.act
+    mode = "reduce-overhead" if args.cudagraphs else None  # reduce-overhead: replayed as a CUDA graph
+    act = torch.compile(agent.act, mode=mode) if args.compile else agent.act
     loss_fn = torch.compile(minibatch_loss) if args.compile else minibatch_loss
     loss_coefs = {k: getattr(args, k) for k in ("clip_coef", "clip_vloss", "ent_coef", "vf_coef")}
 
-    # ROLLOUT STORAGE, step t: obs_t, its action, what stepping returned; the policy's side on the device
+    # ROLLOUT STORAGE, step t: obs_t, its action, what stepping returned; the policy's on the device
     shape = (args.num_steps, local_num_envs)
     obs = torch.zeros((*shape, *obs_shape), dtype=torch.uint8, device=device)
     actions = torch.zeros(shape, dtype=torch.long, device=device)
@@ -398,10 +408,10 @@ def main() -> None:
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
 
-    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
+    # LOGGING SETUP: TensorBoard/W&B (rank 0), Ctrl-C, progress; the run directory exists from here on
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)
     writer = run.writer
-    comm_clock = DeviceClock(device)  # CUDA events on a GPU, where an NCCL call returns before its work is done
+    comm_clock = DeviceClock(device)  # CUDA events: an NCCL call returns before its work is done
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -426,11 +436,9 @@ def main() -> None:
 
                 next_done = np.logical_or(terminated, truncated)
                 rewards[step], terminations[step], dones[step] = reward, terminated, next_done
-                if "_episode" in infos:
-                    for i in np.flatnonzero(infos["_episode"]):
-                        episodes.append((global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+                episodes += [(global_step, *episode) for episode in finished_episodes(infos)]
 
-            wait_time = ranks.wait_for_all()  # once, so that comm_time measures collectives, not unequal rollouts
+            wait_time = ranks.wait_for_all()  # once: comm_time measures collectives, not unequal rollouts
 
             # ADVANTAGES
             learn_start = time.perf_counter()
@@ -445,7 +453,7 @@ def main() -> None:
             host = {"advantages": advantages, "returns": returns, "weights": valid}
             batch = {"obs": obs, "actions": actions, "logprobs": logprobs, "values": values}
             batch |= {k: to_device(v, device) for k, v in host.items()}
-            batch = {k: v.flatten(0, 1) for k, v in batch.items()}  # (steps, envs, ...) -> (steps x envs, ...)
+            batch = {k: v.flatten(0, 1) for k, v in batch.items()}  # (steps, envs, ...) -> (steps*envs, ...)
             minibatch_stats = []
             for _epoch in range(args.update_epochs):
                 for mb in minibatches(batch, args.num_minibatches, args.norm_adv):
@@ -458,11 +466,13 @@ def main() -> None:
                         with comm_clock:
                             all_reduce_mean_([p.grad for p in params], world_size, args.grad_compression)
                     grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-                    nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(optimizer, grad_norm, global_step)  # skipped on the device if NaN/inf
                     local_steps += 1
                     if distributed and args.sync_every > 1 and local_steps % args.sync_every == 0:
                         with comm_clock:
-                            all_reduce_mean_([p.data for p in params], world_size)  # local SGD: average the parameters
+                            all_reduce_mean_(
+                                [p.data for p in params], world_size
+                            )  # local SGD: average parameters
 
                 if args.target_kl is not None:
                     kl = mb_stats["approx_kl"].clone()  # the last minibatch's approx KL
@@ -470,7 +480,9 @@ def main() -> None:
                         all_reduce_mean_([kl], world_size)
                     if kl.item() > args.target_kl:
                         break
-            if distributed and args.sync_every > 1 and local_steps % args.sync_every:  # one policy for every rollout
+            if (
+                distributed and args.sync_every > 1 and local_steps % args.sync_every
+            ):  # one policy per rollout
                 with comm_clock:
                     all_reduce_mean_([p.data for p in params], world_size)
             nan_guard.check(run.last_checkpoint, ranks.max)  # one read per iteration, the same on every rank
@@ -482,12 +494,13 @@ def main() -> None:
             timings |= {"comm_time": comm_clock.read(), "rollout_wait_time": wait_time}
             gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
             if ranks.is_main:
-                log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
+                log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest timings
                 # the last minibatch\'s losses and KL, the clip fraction of all minibatches
                 stats = {**mb_stats, "clipfrac": torch.stack([s["clipfrac"] for s in minibatch_stats]).mean()}
                 stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # one read of the device
-                var_y = np.var(returns[valid > 0])
-                explained_var = np.nan if var_y == 0 else 1 - np.var(returns[valid > 0] - values_np[valid > 0]) / var_y
+                y_pred, y_true = values_np[valid > 0], returns[valid > 0]
+                var_y = np.var(y_true)
+                explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 for name, value in stats.items():
                     writer.add_scalar(f"losses/{name}", value, global_step)
@@ -511,9 +524,11 @@ def main() -> None:
                     "env_seeds": env_seeds,
                     "parameters_sha256": parameters_digest(agent),
                 }
-                if args.sync_every > 1:  # local SGD: each rank's Adam moments are its own (sent as CPU tensors)
+                if (
+                    args.sync_every > 1
+                ):  # local SGD: each rank's Adam moments are its own (sent as CPU tensors)
                     own["local_optimizer"] = to_cpu(optimizer.state_dict())
-                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                path = run.save(state, global_step, own=own)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
     except RUN_ERRORS as e:  # a dead env worker, a NaN, a failed checkpoint write: one line, exit 1

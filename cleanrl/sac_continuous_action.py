@@ -42,12 +42,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
 from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.distributed import Ranks
+from cleanrl_utils.envs import (
+    EnvSnapshot,
+    check_env_id,
+    finished_episodes,
+    get_vector_state,
+    set_vector_state,
+)
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, setup_run, warn_if_no_learning
+from cleanrl_utils.run import RUN_ERRORS, Run, report_and_exit, setup
 
 
 @dataclass
@@ -81,7 +89,7 @@ class Args:
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
     compile: bool = False
-    """if toggled, torch.compile the policy step and the critic and actor losses (the first steps pay for compiling)"""
+    """if toggled, torch.compile the policy step and the critic and actor losses (the first steps compile)"""
     cudagraphs: bool = False
     """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
@@ -116,16 +124,18 @@ class Args:
     """if toggled, tune the temperature towards the target entropy -dim(A)"""
 
 
-def validate(args: Args) -> None:
+def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "threads")
-    require_positive(args, "target_network_frequency", "policy_lr", "q_lr", "alpha")
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
+    require_positive(args, "threads", "target_network_frequency", "policy_lr", "q_lr", "alpha")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 < args.tau <= 1.0:
         fail(f"--tau {args.tau}: must be in (0, 1]")
     if args.buffer_size < args.num_envs * 3:
-        fail(f"--buffer-size {args.buffer_size}: must hold at least 3 steps of every env ({args.num_envs * 3})")
+        fail(
+            f"--buffer-size {args.buffer_size}: must hold at least 3 steps of every env ({args.num_envs * 3})"
+        )
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     warn_if_no_learning(args)
@@ -177,7 +187,7 @@ class Actor(nn.Module):
         self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
         self.mean = nn.Linear(256, action_dim)
         self.log_std = nn.Linear(256, action_dim)
-        low, high = torch.as_tensor(action_low, dtype=torch.float32), torch.as_tensor(action_high, dtype=torch.float32)
+        low, high = (torch.as_tensor(bound, dtype=torch.float32) for bound in (action_low, action_high))
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
 
@@ -220,21 +230,21 @@ def soft_q_target(
 
 
 def critic_loss(actor, qf1, qf2, qf1_target, qf2_target, data: dict[str, torch.Tensor], alpha, gamma: float):
-    """Both critics' mean squared error to one clipped double-Q soft target on ``data``, summed; returns it and
-    both critics' values."""
+    """Both critics' mean squared error to one clipped double-Q soft target on ``data``, summed; returns
+    it and both critics' values."""
     with torch.no_grad():
-        next_actions, next_log_prob, _ = actor(data["next_obs"])
-        next_q1, next_q2 = qf1_target(data["next_obs"], next_actions), qf2_target(data["next_obs"], next_actions)
-        target = soft_q_target(data["rewards"], next_q1, next_q2, next_log_prob, data["terminations"].float(), alpha,
-                               gamma)  # fmt: skip
+        next_obs, rewards, terminations = data["next_obs"], data["rewards"], data["terminations"].float()
+        next_actions, next_log_prob, _ = actor(next_obs)
+        next_q1, next_q2 = qf1_target(next_obs, next_actions), qf2_target(next_obs, next_actions)
+        target = soft_q_target(rewards, next_q1, next_q2, next_log_prob, terminations, alpha, gamma)
     qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
     return F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target), qf1_values, qf2_values
 
 
 def policy_loss(actor, qf1, qf2, obs: torch.Tensor, alpha, log_alpha, target_entropy: float, autotune: bool):
-    """The actor's loss mean(alpha * log pi(a|s) - min(Q1, Q2)(s, a)), a ~ pi(.|s), on ``obs``; with ``autotune``
-    plus the temperature's loss, which reaches ``log_alpha`` only (one backward for both). Returns (the sum,
-    the actor's loss)."""
+    """The actor's loss mean(alpha * log pi(a|s) - min(Q1, Q2)(s, a)), a ~ pi(.|s), on ``obs``; with
+    ``autotune`` plus the temperature's loss, which reaches ``log_alpha`` only (one backward for both).
+    Returns (the sum, the actor's loss)."""
     pi, log_pi, _ = actor(obs)
     actor_loss = (alpha * log_pi - torch.min(qf1(obs, pi), qf2(obs, pi))).mean()
     if not autotune:
@@ -249,7 +259,7 @@ def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 def main() -> None:
-    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # exit 2 on bad input, before any work
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -257,7 +267,7 @@ def main() -> None:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
 
     # ENV SETUP
     envs = gym.vector.SyncVectorEnv(
@@ -265,7 +275,7 @@ def main() -> None:
         autoreset_mode=AutoresetMode.NEXT_STEP,
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the replay buffer assumes next-step autoreset"
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the replay buffer relies on it
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         envs.close()
         fail(f"--env-id {args.env_id}: needs a continuous (Box) action space, got {envs.single_action_space}")
@@ -278,11 +288,7 @@ def main() -> None:
     envs.single_action_space.seed(args.seed)
 
     actor = Actor(obs_dim, low, high).to(device)
-    qf1, qf2 = SoftQNetwork(obs_dim, action_shape[0]).to(device), SoftQNetwork(obs_dim, action_shape[0]).to(device)
-    qf1_target, qf2_target = (
-        SoftQNetwork(obs_dim, action_shape[0]).to(device),
-        SoftQNetwork(obs_dim, action_shape[0]).to(device),
-    )
+    qf1, qf2, qf1_target, qf2_target = (SoftQNetwork(obs_dim, action_shape[0]).to(device) for _ in range(4))
     qf1_target.requires_grad_(False), qf2_target.requires_grad_(False)
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
@@ -297,10 +303,13 @@ def main() -> None:
     # the actor's and the temperature's gradients come from one backward, and step together
     actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())
     actor_optimizers = [actor_optimizer, a_optimizer] if args.autotune else [actor_optimizer]
-    act = torch.compile(actor, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else actor
+    mode = "reduce-overhead" if args.cudagraphs else None  # reduce-overhead: replayed as a CUDA graph
+    act = torch.compile(actor, mode=mode) if args.compile else actor
     critic_loss_fn = torch.compile(critic_loss) if args.compile else critic_loss
     policy_loss_fn = torch.compile(policy_loss) if args.compile else policy_loss
-    rb = ReplayBuffer(args.buffer_size, args.num_envs, (obs_dim,), action_shape, np.float32, np.float32, seed=args.seed)
+    rb = ReplayBuffer(
+        args.buffer_size, args.num_envs, (obs_dim,), action_shape, np.float32, np.float32, seed=args.seed
+    )
 
     next_obs, _ = envs.reset(seed=[args.seed + i for i in range(args.num_envs)])
     next_done = np.zeros(args.num_envs, dtype=bool)  # did the previous step end an episode?
@@ -324,10 +333,10 @@ def main() -> None:
             rb.load_state_dict(checkpoint["replay"])
     start_step = global_step
     # without a saved replay, a resumed run refills its buffer before learning again
-    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
+    first_learning_step = args.learning_starts + (0 if "replay" in (checkpoint or {}) else start_step)
 
-    # LOGGING SETUP (the run directory exists only from here on): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint)
+    # LOGGING SETUP: TensorBoard/W&B, Ctrl-C, progress, checkpoints; the run directory exists from here on
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock = DeviceClock(device), DeviceClock(device)  # CUDA events on a GPU
@@ -353,11 +362,10 @@ def main() -> None:
             # REPLAY: the step after an episode end only resets that env; it is stored, never sampled.
             rb.add(obs, actions, rewards, terminations, ~next_done)
             next_done = np.logical_or(terminations, truncations)
-            if "_episode" in infos:
-                for i in np.flatnonzero(infos["_episode"]):
-                    run.log_episode(global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+            for episodic_return, length in finished_episodes(infos):
+                run.log_episode(global_step, episodic_return, length)
 
-            # UPDATE: one critic step per vector step; the actor (with the temperature) every policy_frequency critic steps
+            # UPDATE: one critic step per vector step; the actor (and alpha) every policy_frequency of them
             if global_step > first_learning_step:
                 with learn_clock:
                     data = rb.sample_to(args.batch_size, device)
@@ -367,11 +375,14 @@ def main() -> None:
                     q_optimizer.zero_grad(set_to_none=True)
                     qf_loss.backward()
                     norm = nn.utils.get_total_norm([p.grad for p in q_params])
-                    nan_guard.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf
                     updates += 1
 
                     if updates % args.policy_frequency == 0:
-                        qf1.requires_grad_(False), qf2.requires_grad_(False)  # the actor's loss trains the actor only
+                        for (
+                            p
+                        ) in q_params:  # the actor's loss trains the actor only: no critic weight gradients
+                            p.requires_grad_(False)
                         for _ in range(args.policy_frequency):
                             loss, actor_loss = policy_loss_fn(
                                 actor, qf1, qf2, data["obs"], alpha, log_alpha, target_entropy, args.autotune
@@ -383,7 +394,7 @@ def main() -> None:
                             for optimizer in actor_optimizers:
                                 nan_guard.step(optimizer, norm, global_step)
                             if args.autotune:
-                                alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
+                                alpha = log_alpha.detach().exp()  # on the device: no host wait
                         qf1.requires_grad_(True), qf2.requires_grad_(True)
 
                     if updates % args.target_network_frequency == 0:

@@ -56,13 +56,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gymnasium.vector import AutoresetMode
 
+from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
 from cleanrl_utils.buffers import ReplayBuffer
 from cleanrl_utils.checkpoint import rng_state, set_rng_state
-from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest, setup_ranks
-from cleanrl_utils.envs import EnvSnapshot, check_env_id, get_vector_state, set_vector_state
+from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
+from cleanrl_utils.envs import (
+    EnvSnapshot,
+    check_env_id,
+    finished_episodes,
+    get_vector_state,
+    set_vector_state,
+)
 from cleanrl_utils.monitor import DeviceClock
 from cleanrl_utils.nan_guard import NaNGuard
-from cleanrl_utils.run import RUN_ERRORS, Run, fail, report_and_exit, require_positive, warn_if_no_learning
+from cleanrl_utils.run import RUN_ERRORS, Run, report_and_exit, setup
 
 
 @dataclass
@@ -96,7 +103,7 @@ class Args:
     progress: bool = True
     """show live progress on the console (plain periodic lines when it is not a terminal)"""
     compile: bool = False
-    """if toggled, torch.compile the policy step and the critic and actor losses (the first steps pay for compiling)"""
+    """if toggled, torch.compile the policy step and the critic and actor losses (the first steps compile)"""
     cudagraphs: bool = False
     """if toggled (with --compile, on CUDA), replay the policy step as a CUDA graph (mode reduce-overhead)"""
 
@@ -145,8 +152,9 @@ class Args:
 
 def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
-    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "threads")
-    require_positive(args, "target_network_frequency", "policy_lr", "q_lr", "alpha", "dist_timeout")
+    require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
+    require_positive(args, "threads", "target_network_frequency", "policy_lr", "q_lr", "alpha")
+    require_positive(args, "dist_timeout")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if not 0.0 < args.tau <= 1.0:
@@ -154,17 +162,19 @@ def validate(args: Args, ranks: Ranks) -> None:
     for name in ("buffer_size", "batch_size"):
         if getattr(args, name) % ranks.world_size != 0:
             fail(
-                f"--{name.replace('_', '-')} {getattr(args, name)}: must be a multiple of the number of processes "
+                f"--{name.replace('_', '-')} {getattr(args, name)}: must be a multiple of the processes "
                 f"(WORLD_SIZE={ranks.world_size})"
             )
     if args.buffer_size < args.num_envs * 3:
-        fail(f"--buffer-size {args.buffer_size}: must hold at least 3 steps of every env ({args.num_envs * 3})")
+        fail(
+            f"--buffer-size {args.buffer_size}: must hold at least 3 steps of every env ({args.num_envs * 3})"
+        )
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts}: must be at least --batch-size {args.batch_size}")
     warn_if_no_learning(args)
     if args.checkpoint_interval < 0:
         fail(f"--checkpoint-interval {args.checkpoint_interval}: must be >= 0")
-    check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
+    check_devices(args, ranks.local_world_size)
     if args.cudagraphs and not (args.compile and args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs: needs --compile and CUDA (torch.compile replays the policy step as a CUDA graph)")
     check_env_id(args.env_id)
@@ -211,7 +221,7 @@ class Actor(nn.Module):
         self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
         self.mean = nn.Linear(256, action_dim)
         self.log_std = nn.Linear(256, action_dim)
-        low, high = torch.as_tensor(action_low, dtype=torch.float32), torch.as_tensor(action_high, dtype=torch.float32)
+        low, high = (torch.as_tensor(bound, dtype=torch.float32) for bound in (action_low, action_high))
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
 
@@ -254,21 +264,21 @@ def soft_q_target(
 
 
 def critic_loss(actor, qf1, qf2, qf1_target, qf2_target, data: dict[str, torch.Tensor], alpha, gamma: float):
-    """Both critics' mean squared error to one clipped double-Q soft target on ``data``, summed; returns it and
-    both critics' values."""
+    """Both critics' mean squared error to one clipped double-Q soft target on ``data``, summed; returns
+    it and both critics' values."""
     with torch.no_grad():
-        next_actions, next_log_prob, _ = actor(data["next_obs"])
-        next_q1, next_q2 = qf1_target(data["next_obs"], next_actions), qf2_target(data["next_obs"], next_actions)
-        target = soft_q_target(data["rewards"], next_q1, next_q2, next_log_prob, data["terminations"].float(), alpha,
-                               gamma)  # fmt: skip
+        next_obs, rewards, terminations = data["next_obs"], data["rewards"], data["terminations"].float()
+        next_actions, next_log_prob, _ = actor(next_obs)
+        next_q1, next_q2 = qf1_target(next_obs, next_actions), qf2_target(next_obs, next_actions)
+        target = soft_q_target(rewards, next_q1, next_q2, next_log_prob, terminations, alpha, gamma)
     qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
     return F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target), qf1_values, qf2_values
 
 
 def policy_loss(actor, qf1, qf2, obs: torch.Tensor, alpha, log_alpha, target_entropy: float, autotune: bool):
-    """The actor's loss mean(alpha * log pi(a|s) - min(Q1, Q2)(s, a)), a ~ pi(.|s), on ``obs``; with ``autotune``
-    plus the temperature's loss, which reaches ``log_alpha`` only (one backward for both). Returns (the sum,
-    the actor's loss)."""
+    """The actor's loss mean(alpha * log pi(a|s) - min(Q1, Q2)(s, a)), a ~ pi(.|s), on ``obs``; with
+    ``autotune`` plus the temperature's loss, which reaches ``log_alpha`` only (one backward for both).
+    Returns (the sum, the actor's loss)."""
     pi, log_pi, _ = actor(obs)
     actor_loss = (alpha * log_pi - torch.min(qf1(obs, pi), qf2(obs, pi))).mean()
     if not autotune:
@@ -317,12 +327,11 @@ def backward_averaged(
 
 
 def main() -> None:
-    # RANK, LOCAL_RANK, WORLD_SIZE as torchrun sets them (`python` is rank 0 of 1); exit 2 on bad input before
-    # any process group; device cuda:LOCAL_RANK (or --device-ids) or CPU; rank 0 reads the checkpoint for all
-    ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)
-    device = ranks.device
+    # RANK, LOCAL_RANK, WORLD_SIZE from torchrun (`python`: rank 0 of 1); rank 0 reads the checkpoint
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
+    device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
     world_size, distributed = ranks.world_size, ranks.distributed
-    local_num_envs, local_batch_size = args.num_envs // world_size, args.batch_size // world_size
+    local_num_envs, local_batch_size = args.local_num_envs, args.batch_size // world_size
 
     random.seed(args.seed + ranks.rank)
     np.random.seed(args.seed + ranks.rank)
@@ -332,14 +341,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     # ENV SETUP: this rank's envs
-    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]  # no two envs alike
+    env_seeds = [args.seed + ranks.rank * local_num_envs + i for i in range(local_num_envs)]
     capture = args.capture_video and ranks.is_main
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, capture, str(run_dir / "videos")) for i in range(local_num_envs)],
         autoreset_mode=AutoresetMode.NEXT_STEP,
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP, "the replay buffer assumes next-step autoreset"
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the replay buffer relies on it
     if not isinstance(envs.single_action_space, gym.spaces.Box):
         envs.close()
         fail(f"--env-id {args.env_id}: needs a continuous (Box) action space, got {envs.single_action_space}")
@@ -352,14 +361,10 @@ def main() -> None:
     envs.single_action_space.seed(args.seed + ranks.rank)
 
     actor = Actor(obs_dim, low, high).to(device)
-    qf1, qf2 = SoftQNetwork(obs_dim, action_shape[0]).to(device), SoftQNetwork(obs_dim, action_shape[0]).to(device)
+    qf1, qf2, qf1_target, qf2_target = (SoftQNetwork(obs_dim, action_shape[0]).to(device) for _ in range(4))
     if distributed:  # one set of initial weights: rank 0's
         for param in [*actor.parameters(), *qf1.parameters(), *qf2.parameters()]:
             dist.broadcast(param.data, src=0)
-    qf1_target, qf2_target = (
-        SoftQNetwork(obs_dim, action_shape[0]).to(device),
-        SoftQNetwork(obs_dim, action_shape[0]).to(device),
-    )
     qf1_target.requires_grad_(False), qf2_target.requires_grad_(False)
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
@@ -374,7 +379,8 @@ def main() -> None:
     # the actor's and the temperature's gradients travel in one buffer, and step together
     actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())
     actor_optimizers = [actor_optimizer, a_optimizer] if args.autotune else [actor_optimizer]
-    act = torch.compile(actor, mode="reduce-overhead" if args.cudagraphs else None) if args.compile else actor
+    mode = "reduce-overhead" if args.cudagraphs else None  # reduce-overhead: replayed as a CUDA graph
+    act = torch.compile(actor, mode=mode) if args.compile else actor
     critic_loss_fn = torch.compile(critic_loss) if args.compile else critic_loss
     policy_loss_fn = torch.compile(policy_loss) if args.compile else policy_loss
     # This rank's shard: its own envs' transitions only, buffer_size / world_size of them.
@@ -410,10 +416,10 @@ def main() -> None:
             rb.load_state_dict(checkpoint["replay"])
     start_step = global_step
     # without a saved replay, a resumed run refills its buffer before learning again
-    first_learning_step = args.learning_starts if "replay" in (checkpoint or {}) else start_step + args.learning_starts
+    first_learning_step = args.learning_starts + (0 if "replay" in (checkpoint or {}) else start_step)
 
-    # LOGGING SETUP (the run directory exists only from here on; rank 0 logs): TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    run = Run(args, run_dir, __file__, device=device, checkpoint=checkpoint, ranks=ranks)
+    # LOGGING SETUP: TensorBoard/W&B (rank 0), Ctrl-C, progress; the run directory exists from here on
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)
     writer = run.writer
     env_time = 0.0
     inference_clock, learn_clock, comm_clock = (DeviceClock(device) for _ in range(3))  # CUDA events on a GPU
@@ -440,9 +446,7 @@ def main() -> None:
             # REPLAY: into this rank's shard; the step after an episode end only resets that env.
             rb.add(obs, actions, rewards, terminations, ~next_done)
             next_done = np.logical_or(terminations, truncations)
-            if "_episode" in infos:
-                for i in np.flatnonzero(infos["_episode"]):
-                    episodes.append((global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+            episodes += [(global_step, *episode) for episode in finished_episodes(infos)]
 
             # UPDATE: each rank samples its share of the minibatch from its own shard; gradients are averaged.
             if global_step > first_learning_step:
@@ -452,20 +456,25 @@ def main() -> None:
                         actor, qf1, qf2, qf1_target, qf2_target, data, alpha, args.gamma
                     )
                     norm = backward_averaged(qf_loss, q_params, world_size, args.grad_compression, comm_clock)
-                    nan_guard.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf: no host wait
+                    nan_guard.step(q_optimizer, norm, global_step)  # skipped on the device if NaN/inf
                     updates += 1
 
                     if updates % args.policy_frequency == 0:
-                        qf1.requires_grad_(False), qf2.requires_grad_(False)  # the actor's loss trains the actor only
+                        for (
+                            p
+                        ) in q_params:  # the actor's loss trains the actor only: no critic weight gradients
+                            p.requires_grad_(False)
                         for _ in range(args.policy_frequency):
                             loss, actor_loss = policy_loss_fn(
                                 actor, qf1, qf2, data["obs"], alpha, log_alpha, target_entropy, args.autotune
                             )
-                            norm = backward_averaged(loss, actor_params, world_size, args.grad_compression, comm_clock)
+                            norm = backward_averaged(
+                                loss, actor_params, world_size, args.grad_compression, comm_clock
+                            )
                             for optimizer in actor_optimizers:
                                 nan_guard.step(optimizer, norm, global_step)
                             if args.autotune:
-                                alpha = log_alpha.detach().exp()  # stays on the device: no host wait per actor step
+                                alpha = log_alpha.detach().exp()  # on the device: no host wait
                         qf1.requires_grad_(True), qf2.requires_grad_(True)
 
                     if updates % args.target_network_frequency == 0:
@@ -473,7 +482,7 @@ def main() -> None:
                         polyak_update_(qf2_target, qf2, args.tau)
 
             # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
-            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # every rank alike
+            signum = ranks.agree_on_signal(run.stop.signum) if step % log_every == 0 else 0  # all ranks alike
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, signum)
             if step % log_every == 0 or due:
                 nan_guard.check(run.last_checkpoint, ranks.max)
@@ -483,7 +492,9 @@ def main() -> None:
                 timings |= {"env_time": env_time, "comm_time": comm_clock.read()}
                 gathered = ranks.gather({"episodes": episodes, "sps": local_sps, **timings})
                 if ranks.is_main:
-                    log_rank_stats(run, gathered, global_step)  # episodes, perf/SPS_rank<r>, the slowest rank's timings
+                    log_rank_stats(
+                        run, gathered, global_step
+                    )  # episodes, perf/SPS_rank<r>, the slowest timings
                     writer.add_scalar("perf/replay_bytes_per_rank", rb.nbytes, global_step)
                     if updates > 0:
                         writer.add_scalar("losses/qf1_values", qf1_values.mean().item(), global_step)
@@ -516,11 +527,13 @@ def main() -> None:
                     "next_obs": torch.from_numpy(np.array(next_obs)),
                     "next_done": torch.from_numpy(next_done.copy()),
                     "env_seeds": env_seeds,
-                    "parameters_sha256": [parameters_digest(n) for n in (actor, qf1, qf2, qf1_target, qf2_target)],
+                    "parameters_sha256": [
+                        parameters_digest(n) for n in (actor, qf1, qf2, qf1_target, qf2_target)
+                    ],
                 }
                 if args.checkpoint_buffer:
                     own["replay"] = rb.state_dict()
-                path = ranks.save_checkpoint(run, state, own, global_step)  # rank 0 writes; all wait for it
+                path = run.save(state, global_step, own=own)  # rank 0 writes; all wait for it
                 if signum:
                     run.exit_on_signal(signum, path, global_step)
     except RUN_ERRORS as e:  # a NaN, a failed checkpoint write: one line, exit 1

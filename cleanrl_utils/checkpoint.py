@@ -187,19 +187,40 @@ def save_checkpoint(state: dict[str, Any], directory: str | os.PathLike, iterati
     return final
 
 
+class _Writes:
+    """A file for torch.save that keeps the OSError a write raised (torch replaces it with its own error)."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def write_state(state: dict[str, Any], final: Path) -> Path:
     """Write ``state`` (with its layout version and digest) to ``final`` atomically and durably."""
     directory = final.parent
     tmp = directory / f".{final.name}.tmp{os.getpid()}"
+    writer = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save({"format_version": FORMAT_VERSION, "sha256": content_digest(state), **state}, f)
+            writer = _Writes(f)
+            torch.save({"format_version": FORMAT_VERSION, "sha256": content_digest(state), **state}, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
     except (OSError, RuntimeError) as e:
-        # torch reports a failed write (ENOSPC, EFBIG, EIO) as a RuntimeError from its C++ writer.
+        # torch reports a failed write (ENOSPC, EFBIG, EIO) as a RuntimeError of its own ("unexpected pos"):
+        # the OSError its writer met says why.
+        e = (writer and writer.error) or e
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
         raise CheckpointError(f"writing checkpoint {final} failed ({reason})") from None
     finally:

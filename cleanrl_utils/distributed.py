@@ -1,22 +1,25 @@
-"""Distributed plumbing shared by the torchrun scripts: ranks, device, process group, the run plan,
-collective checkpoints, the agreed stop and a rank that stops answering. None of it is an algorithm.
+"""Ranks and collectives: this process's place among the processes of one run, its device and process
+group, the run plan (which run, which checkpoint, each rank's part of it), collective checkpoint
+writes, the agreed stop and a rank that stops answering. None of it is an algorithm.
 
 One code path for 1..N processes. ``Ranks.from_env()`` reads what torchrun sets (``RANK`` is the
 global rank, ``LOCAL_RANK`` picks the device, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``); a plain
-``python`` launch is rank 0 of 1 and never starts a process group. ``setup_ranks`` then picks the
-device, joins the process group (nccl with CUDA, gloo otherwise) and opens a gloo *side group* for
-everything that is not a tensor of the model: Python objects (checkpoint parts, the run
-plan, per-rank statistics) and the host-level agreements (the barrier after the rollouts, the largest
-NaN record, the stop signal). On a gloo group the host call completes the transfer, and a peer that
-is gone raises in Python (after ``--dist-timeout`` at most) so the run can say which rank it lost.
-On the NCCL group the same calls would be queued on the GPU, the host would wait for them in a CUDA
-sync, and NCCL's watchdog would abort the process there without a word. The process group is left
-(``destroy_process_group``) on every exit path: error, signal, NaN or the end.
+``python`` launch, and every single-process script, is rank 0 of 1 and never starts a process group.
+``cleanrl_utils.run.setup`` then picks the device, joins the process group (nccl with CUDA, gloo
+otherwise) and opens a gloo *side group* for everything that is not a tensor of the model: Python
+objects (checkpoint parts, the run plan, per-rank statistics) and the host-level agreements (the
+barrier after the rollouts, the largest NaN record, the stop signal). On a gloo group the host call
+completes the transfer, and a peer that is gone raises in Python (after ``--dist-timeout`` at most) so
+the run can say which rank it lost. On the NCCL group the same calls would be queued on the GPU, the
+host would wait for them in a CUDA sync, and NCCL's watchdog would abort the process there without a
+word. The process group is left (``destroy_process_group``) on every exit path: error, signal, NaN or
+the end.
 
 Checkpoints are read and written by rank 0 alone (no shared filesystem needed): at a checkpoint
 every rank hands rank 0 its own part (env state, RNG states, replay shard, parameter digest), rank 0
 writes one file, and every rank waits for the outcome before it may go on or exit. At a resume rank
-0 reads the file and hands each rank its own part back.
+0 reads the file and hands each rank its own part back (re-split by ``cleanrl_utils.reshard`` when
+the number of processes changed).
 """
 
 from __future__ import annotations
@@ -31,52 +34,23 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from cleanrl_utils.arguments import default_run_name, fail, find_checkpoint, note, read_checkpoint
 from cleanrl_utils.checkpoint import CheckpointError
-from cleanrl_utils.run import (
-    Run,
-    RunError,
-    default_run_name,
-    fail,
-    find_checkpoint,
-    note,
-    parse_args,
-    read_checkpoint,
-    require_positive,
-    settled_args,
-)
+from cleanrl_utils.reshard import reshard
 
 
-def setup_ranks(args_class: type, validate, script_file: str) -> tuple[Ranks, Any, Path, dict[str, Any] | None]:
-    """A torchrun script's set-up: this process's rank (from torchrun's environment), the command line,
-    validation (one line and exit 2: before any process group for a new run, once the checkpoint's
-    settings are merged for ``--resume``), the device and process group, and the run plan. Returns (ranks, args, run directory, this rank's checkpoint or None); the device is
-    ``ranks.device``."""
-    ranks = Ranks.from_env()
-    args = parse_args(args_class, ranks.world_size)
-    if args.resume is None:
-        validate(args, ranks)  # a new run: all of it is refused before any process group
-    else:  # what joining needs (launch flags: the new ones count); the rest once the checkpoint is read
-        require_positive(args, "dist_timeout")
-        check_devices(args.cuda and torch.cuda.is_available(), args.backend, args.device_ids, ranks.local_world_size)
-    ranks.join_process_group(args.cuda, args.backend, args.device_ids, args.dist_timeout)
-    run_dir, checkpoint = ranks.plan(args, script_file)
-    if checkpoint is not None:  # the same settings on every rank: all exit 2 alike
-        args = settled_args(args, checkpoint, validate, ranks)
-        if hasattr(args, "local_num_envs"):  # the global --num-envs is kept; this world size's share of it
-            args.local_num_envs = args.num_envs // ranks.world_size
-    return ranks, args, run_dir, checkpoint
-
-
-def check_devices(cuda: bool, backend: str | None, device_ids: list[int] | None, local_world_size: int) -> None:
-    """Validation lines (exit 2) for the device flags, before any process group starts."""
+def check_devices(args: Any, local_world_size: int) -> None:
+    """Validation lines (exit 2) for the device flags (``--cuda``, ``--backend``, ``--device-ids``), before any
+    process group starts."""
+    cuda, backend, device_ids = args.cuda and torch.cuda.is_available(), args.backend, args.device_ids
     if backend == "nccl" and not cuda:
         fail("--backend nccl: needs CUDA (use gloo on CPUs)")
     if not cuda:
@@ -213,9 +187,9 @@ class Ranks:
 
         Rank 0 names the run (stable across torchrun restarts: it carries torchrun's run id), finds
         the checkpoint (``--resume``, or the newest one of the run after a torchrun restart), reads
-        it and hands every rank the shared part plus its own. Refusals are one line and exit 2 on
-        every rank. The resume rule of cleanrl_utils/run.py then applies to the checkpoint's settings
-        (``settled_args``).
+        it and hands every rank the shared part plus its own (a single-process script's checkpoint is
+        all shared). Refusals are one line and exit 2 on every rank. The resume rule
+        (``cleanrl_utils.arguments.resumed_args``) then applies to the checkpoint's settings.
 
         Rank 0 alone writes checkpoints, on its own node. A restart that puts rank 0 on a node that
         does not hold the newest one (torchrun's store remembers its step and host) is refused rather
@@ -236,8 +210,8 @@ class Ranks:
                     name = saved["run_name"] if saved is not None else plan["run_name"]
                     self._refuse_a_lost_checkpoint(name, saved and saved["global_step"])
                 if saved is not None:
-                    own_parts = saved["ranks"]
-                    if saved["world_size"] != self.world_size:  # elastic: re-split by global env index
+                    own_parts = saved.get("ranks", [{}])
+                    if saved.get("world_size", 1) != self.world_size:  # elastic: re-split by global env index
                         own_parts = reshard(own_parts, self.world_size, str(path))
                         plan["resharded"] = f" ({saved['world_size']} processes -> {self.world_size})"
                     plan["run_name"], plan["path"] = saved["run_name"], str(path)
@@ -275,31 +249,32 @@ class Ranks:
                 self.run_store.set(f"cleanrl/checkpoint/{run_name}", f"{global_step} {socket.gethostname()}")
 
     # ---------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, run: Run, shared: dict[str, Any], own: dict[str, Any], global_step: int) -> Path:
-        """Collective: rank 0 writes ``shared`` and every rank's ``own`` part (CPU data only) into one file.
+    def save_collectively(self, write: Callable[[list[dict[str, Any]]], Path], own: dict[str, Any], global_step: int,
+                          run_name: str) -> Path:  # fmt: skip
+        """Collective: every rank's ``own`` part (CPU data only) goes to rank 0, which calls ``write(parts)`` (it
+        writes the one file and returns its path); every rank returns that path once it is on disk.
 
-        ``own["parameters_sha256"]`` must be equal on every rank (one model), or nothing is written.
-        Every rank waits for rank 0's outcome, so none leaves before its part is on disk, and a
-        failed write ends every rank with the same error.
+        ``own["parameters_sha256"]`` must be equal on every rank (one model), or nothing is written. Every
+        rank waits for rank 0's outcome, so none leaves before its part is on disk, and a failed write
+        raises the same :class:`CheckpointError` on every rank.
         """
         parts = self.gather(own)
         outcome: dict[str, Any] = {"path": None, "error": None}
         if self.is_main:
             try:
                 if len({repr(p.get("parameters_sha256")) for p in parts}) != 1:
-                    raise RunError(f"ranks hold different parameters at step {global_step}; not checkpointing")
-                outcome["path"] = str(run.save({**shared, "world_size": self.world_size, "ranks": parts}, global_step))
-                self._record_checkpoint(run.checkpoints.run_name, global_step)
+                    raise CheckpointError(f"ranks hold different parameters at step {global_step}; not checkpointing")
+                outcome["path"] = str(write(parts))
+                self._record_checkpoint(run_name, global_step)
                 if self._agents is not None:  # once per attempt: the agents a membership change restarts
                     record_launch(Path(outcome["path"]).parent, self._agents)
                     self._agents = None
-            except RunError as e:
+            except CheckpointError as e:
                 outcome["error"] = str(e)
         outcome = self.broadcast(outcome)
         if outcome["error"] is not None:
-            raise RunError(outcome["error"])
-        run.checkpoints.last = Path(outcome["path"])
-        return run.checkpoints.last
+            raise CheckpointError(outcome["error"])
+        return Path(outcome["path"])
 
     # ---------------------------------------------------------------------------------------- agreement
     def wait_for_all(self) -> float:
@@ -360,15 +335,6 @@ class Ranks:
         raise SystemExit(1)
 
 
-# --------------------------------------------------------------------------------------------
-# Elastic resume: a checkpoint of N processes continued on M
-# --------------------------------------------------------------------------------------------
-# What a rank's part of a checkpoint may hold, and how each is re-split (anything else is refused):
-PER_ENV = ("next_obs", "next_done", "env_seeds")  # one row per env: concatenated in rank order, split again
-DERIVED = ("rng", "action_space_rng")  # a rank's own generators: kept for ranks < N, derived for the others
-COPIED = ("parameters_sha256",)  # equal on every rank (one model)
-
-
 LAUNCH_FILE = "torchrun_agents.json"
 
 
@@ -406,141 +372,6 @@ def record_launch(directory: Path, agents: list[str]) -> None:
         os.replace(tmp, directory / LAUNCH_FILE)
 
 
-def reshard(parts: list[dict[str, Any]], world_size: int, path: str = "the checkpoint") -> list[dict[str, Any]]:
-    """Re-split the per-rank parts of a checkpoint written by ``len(parts)`` processes for ``world_size``.
-
-    Env ``i`` of the saved run (rank-major: rank r's env j is global env ``r * local + j``) continues
-    as env ``i`` of the new one: its simulator state, vector-wrapper rows, next observation and done
-    flag, and its replay ring (``replay``: one ring per env, so every stored transition lands in
-    exactly one new shard). New rank r keeps old rank r's generators where it exists and gets
-    generators seeded from them and r otherwise; local-SGD Adam moments (``local_optimizer``) are
-    averaged: the ranks' parameters were just averaged, and the mean of their moment estimates is the
-    estimate for the averaged model (a split would have nothing to split along). Raises
-    CheckpointError (one line) when the envs do not divide among ``world_size`` processes.
-    """
-    n = len(parts)
-    keys = set(parts[0])
-    unknown = keys - {*PER_ENV, *DERIVED, *COPIED, "envs", "replay", "local_optimizer"}
-    if unknown:
-        raise CheckpointError(f"{path}: its per-process {', '.join(sorted(unknown))} cannot be re-split")
-    total = sum(len(p["env_seeds"]) for p in parts) if "env_seeds" in keys else None
-    if total is not None and total % world_size:
-        works = ", ".join(str(m) for m in range(1, total + 1) if total % m == 0)
-        raise CheckpointError(
-            f"{path}: {total} envs in all (saved by {n} processes) do not split among {world_size} processes; "
-            f"resume on {works} processes"
-        )
-    out: list[dict[str, Any]] = [{} for _ in range(world_size)]
-    for r, part in enumerate(out):
-        for key in COPIED:
-            if key in keys:
-                part[key] = parts[0][key]
-        for key in DERIVED:
-            if key in keys:
-                part[key] = parts[r][key] if r < n else _derived(parts[r % n][key], r)
-    if "local_optimizer" in keys:
-        average = _mean_state([p["local_optimizer"] for p in parts])
-        for part in out:
-            part["local_optimizer"] = average
-    if total is None:
-        return out
-    for key in PER_ENV:
-        if key in keys:
-            rows = _split(_concat([p[key] for p in parts]), world_size)
-            for part, chunk in zip(out, rows):
-                part[key] = chunk
-    if "envs" in keys:
-        snapshots = _split([s for p in parts for s in p["envs"]["envs"]], world_size)
-        layers = [_split_layer([p["envs"]["wrappers"][i] for p in parts], world_size, n)
-                  for i in range(len(parts[0]["envs"]["wrappers"]))]  # fmt: skip
-        for r, part in enumerate(out):
-            part["envs"] = {"envs": snapshots[r], "wrappers": [layer[r] for layer in layers]}
-    if "replay" in keys:
-        for part, replay in zip(out, _split_replay([p["replay"] for p in parts], world_size, path)):
-            part["replay"] = replay
-    return out
-
-
-def _concat(chunks: list[Any]) -> Any:
-    return torch.cat(chunks) if isinstance(chunks[0], torch.Tensor) else [x for c in chunks for x in c]
-
-
-def _split(rows: Any, m: int) -> list[Any]:
-    k = len(rows) // m
-    return [rows[i * k : (i + 1) * k] for i in range(m)]
-
-
-def _split_layer(states: list[dict[str, Any]], m: int, n: int) -> list[dict[str, Any]]:
-    """A vector wrapper's state (e.g. RecordEpisodeStatistics): its per-env arrays re-split, the rest
-    (counters and queues of finished episodes: statistics, not dynamics) kept by rank r < N, rank 0's otherwise."""
-    from cleanrl_utils.checkpoint import decode, encode
-
-    out = [dict(states[r] if r < n else states[0]) for r in range(m)]
-    local = None
-    for name in states[0]:
-        values = [decode(s[name]) for s in states]
-        if isinstance(values[0], np.ndarray) and values[0].ndim >= 1:
-            local = local or len(values[0])
-            if all(len(v) == local for v in values):
-                for part, chunk in zip(out, _split(np.concatenate(values), m)):
-                    part[name] = encode(chunk)
-    return out
-
-
-def _split_replay(replays: list[dict[str, Any]], m: int, path: str) -> list[dict[str, Any]]:
-    """Per-env rings (``cleanrl_utils.buffers.ReplayBuffer``, env on axis 1) regrouped into ``m`` shards."""
-    if len({int(r["steps"]) for r in replays}) != 1:
-        raise CheckpointError(f"{path}: its replay shards hold different numbers of steps")
-    arrays = [k for k, v in replays[0].items() if isinstance(v, torch.Tensor)]
-    joined = {k: torch.cat([r[k] for r in replays], dim=1) for k in arrays}
-    k = joined[arrays[0]].shape[1] // m
-    n = len(replays)
-    return [
-        {
-            **{name: joined[name][:, i * k : (i + 1) * k].clone() for name in arrays},
-            "steps": replays[0]["steps"],
-            "rng": replays[i]["rng"] if i < n else _derived(replays[i % n]["rng"], i),
-        }
-        for i in range(m)
-    ]
-
-
-def _seed_from(state: Any, rank: int) -> int:
-    from cleanrl_utils.checkpoint import content_digest
-
-    return int(content_digest({"state": state, "rank": rank})[:16], 16)
-
-
-def _derived(state: Any, rank: int) -> Any:
-    """Generators for a new rank, seeded deterministically from an old rank's and the new rank's index:
-    ``rng_state()``'s dict (python, numpy, torch; CUDA then starts from the script's seed) or a numpy
-    bit generator's state."""
-    from cleanrl_utils.checkpoint import encode
-
-    seed = _seed_from(state, rank)
-    if isinstance(state, dict) and "torch" in state:
-        import random
-
-        return {
-            "python": encode(random.Random(seed).getstate()),
-            "numpy": encode(np.random.RandomState(seed % 2**32).get_state()),
-            "torch": torch.Generator().manual_seed(seed % 2**63).get_state(),
-        }
-    return np.random.default_rng(seed).bit_generator.state
-
-
-def _mean_state(states: list[Any]) -> Any:
-    """The element-wise mean of optimizer state dicts (floating tensors averaged, the rest rank 0's)."""
-    first = states[0]
-    if isinstance(first, torch.Tensor) and first.is_floating_point() and first.ndim > 0:
-        return torch.stack(states).mean(0)
-    if isinstance(first, dict):
-        return {k: _mean_state([s[k] for s in states]) for k in first}
-    if isinstance(first, list):
-        return [_mean_state(list(items)) for items in zip(*states)]
-    return first
-
-
 def parameters_digest(*modules: nn.Module) -> str:
     """SHA-256 of the parameters' bytes: equal on all ranks exactly when the models are identical."""
     digest = hashlib.sha256()
@@ -561,7 +392,7 @@ def to_cpu(value: Any) -> Any:
     return value
 
 
-def log_rank_stats(run: Run, gathered: list[dict[str, Any]], global_step: int) -> None:
+def log_rank_stats(run: Any, gathered: list[dict[str, Any]], global_step: int) -> None:
     """Rank 0 logs every rank's episodes (``episodes``: (step, return, length)) and SPS (``sps``), and
     the slowest rank's value of every other entry (timings) as ``perf/<key>``."""
     for r, stats in enumerate(gathered):

@@ -24,11 +24,10 @@ import numpy as np
 import torch
 import tyro
 
-from cleanrl_utils.benchmark import load_script
 from cleanrl_utils.checkpoint import CheckpointError, load_checkpoint, resolve_resume
 from cleanrl_utils.envs import register_env_family
+from cleanrl_utils.launch import REPO, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 DISCRETE_PPO = {"ppo", "appo"}
 ATARI_PPO = {"ppo_atari", "ppo_atari_multigpu", "appo_atari"}
 DQN = {"dqn"}

@@ -25,8 +25,9 @@ import numpy as np
 from gymnasium.vector import AsyncVectorEnv, VectorEnv, VectorWrapper
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 
+from cleanrl_utils.arguments import fail
 from cleanrl_utils.checkpoint import Unencodable, decode, encode
-from cleanrl_utils.run import RunError, fail
+from cleanrl_utils.run import RunError
 
 # Attributes that describe an environment rather than hold its state.
 _STRUCTURAL = frozenset(
@@ -119,6 +120,14 @@ def register_env_family(env_id: str) -> None:
         import shimmy  # registers dm_control/* with gymnasium on import
 
         gym.register_envs(shimmy)
+
+
+def finished_episodes(infos: dict[str, Any]) -> list[tuple[float, int]]:
+    """(return, length) of every episode that ended on this step, from gymnasium's vector ``RecordEpisodeStatistics``."""
+    if "_episode" not in infos:
+        return []
+    episode = infos["episode"]
+    return [(float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(infos["_episode"])]
 
 
 def check_env_id(env_id: str, atari: bool = False) -> None:

@@ -4,8 +4,11 @@
     python -m cleanrl_utils.plot runs/bench1 runs/bench2 --out plots/ --baseline ppo_atari --last 20
 
 Every directory holding event files under the given paths is one run, grouped by script (its
-``exp_name``) and env id, both read from the hyperparameters the run recorded (or parsed from a
-``<env>__<exp>__<seed>`` run name). Writes into ``--out``:
+``exp_name``), env id and settings, read from the hyperparameters the run recorded (or parsed from a
+``<env>__<exp>__<seed>`` run name). Runs are one experiment only when their settings agree (all but the
+seed and the flags about the machine and the output): where a script ran an env with other settings
+too, each group is named by the settings that tell them apart (``ppo [learning_rate=0.001]``), and a
+group counts its distinct seeds (two runs of seed 1 are one seed, run twice). Writes into ``--out``:
 
 - ``curves.png``: one panel per env, the episodic return against env steps (top row) and against
   wall-clock time (bottom row); per script the mean over seeds on a common grid and a 95% bootstrap
@@ -32,8 +35,13 @@ from pathlib import Path
 import numpy as np
 import tyro
 
+from cleanrl_utils.arguments import LAUNCH_FLAGS, OUTPUT_FLAGS
 from cleanrl_utils.scores import iqm, normalize, reference_scores
 from cleanrl_utils.tb import ScalarReader, parse_table
+
+# What does not make two runs different experiments: the seed, and the flags about the machine, the launch and
+# what a run writes (cleanrl_utils.arguments' LAUNCH_FLAGS and OUTPUT_FLAGS), and what derives from them.
+NOT_SETTINGS = {"seed", "run_name", "resume", "exp_name", "env_id", "world_size", "local_num_envs"}
 
 
 @dataclass
@@ -50,6 +58,7 @@ class RunData:
     wall: float
     total_steps: int
     hardware: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, str] = field(default_factory=dict)
 
 
 def find_runs(paths: list[Path], metric: str) -> list[RunData]:
@@ -83,9 +92,32 @@ def find_runs(paths: list[Path], metric: str) -> list[RunData]:
                 wall=end - start,
                 total_steps=total,
                 hardware=parse_table(reader.texts.get("hardware", "")),
+                settings={k: v for k, v in hp.items() if k not in NOT_SETTINGS | LAUNCH_FLAGS | OUTPUT_FLAGS},
             )
         )
+    return name_by_settings(runs)
+
+
+def name_by_settings(runs: list[RunData]) -> list[RunData]:
+    """Where one script ran one env with several settings, name each group by the settings that differ."""
+    by_script_env: dict[tuple[str, str], list[RunData]] = defaultdict(list)
+    for run in runs:
+        by_script_env[(run.exp, run.env_id)].append(run)
+    for group in by_script_env.values():
+        kinds = {tuple(sorted(r.settings.items())) for r in group}
+        if len(kinds) < 2:
+            continue
+        keys = sorted({k for kind in kinds for k, _ in kind} - set.intersection(*(set(kind) for kind in kinds)))
+        keys = [k for k in keys if len({r.settings.get(k) for r in group}) > 1]
+        for run in group:
+            run.exp = f"{run.exp} [{', '.join(f'{k}={run.settings.get(k)}' for k in keys)}]"
     return runs
+
+
+def seeds_of(group: list[RunData]) -> str:
+    """How many seeds a group holds, and runs when a seed ran more than once."""
+    seeds = len({r.seed for r in group})
+    return f"{seeds} seeds" if seeds == len(group) else f"{len(group)} runs of {seeds} seeds"
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -143,7 +175,7 @@ def plot_curves(runs: list[RunData], path: Path, window: int):
                 if not group:
                     continue
                 grid, mean, low, high = curve(group, x, window)
-                ax.plot(grid, mean, color=colors[exp], label=f"{exp} ({len(group)} seeds)")
+                ax.plot(grid, mean, color=colors[exp], label=f"{exp} ({seeds_of(group)})")
                 ax.fill_between(grid, low, high, color=colors[exp], alpha=0.2)
             ax.set_title(env)
             ax.set_xlabel(label)
@@ -167,7 +199,8 @@ def final_table(runs: list[RunData], last: int) -> list[dict]:
             {
                 "script": exp,
                 "env_id": env,
-                "seeds": len(group),
+                "seeds": len({r.seed for r in group}),
+                "runs": len(group),
                 "mean": scores.mean(),
                 "std": scores.std(),
                 "iqm": iqm(scores),
@@ -225,13 +258,18 @@ def aggregate_tables(runs: list[RunData], last: int, reps: int = 2000):
         from rliable import library as rly
         from rliable import metrics
     except ImportError:
-        print("[plot] rliable is not installed (pip install -e '.[plot]'): no aggregate metrics", file=sys.stderr)
+        print("[plot] no aggregate table: rliable is not installed (pip install -e '.[plot]')")
         return None
     groups = groups_of(runs)
     exps = sorted({exp for exp, _ in groups})
     envs = sorted(env for env in {env for _, env in groups} if reference_scores(env) is not None)
+    if not envs:
+        print("[plot] no aggregate table: no env here has reference scores to normalise by (cleanrl_utils/scores.py)")
+        return None
     envs = [env for env in envs if all((exp, env) in groups for exp in exps)]
     if not envs:
+        print("[plot] no aggregate table: no env with reference scores was run by every script (rliable compares "
+              "scripts over the same envs)")  # fmt: skip
         return None
     num_runs = min(len(groups[(exp, env)]) for exp in exps for env in envs)
     scores = {
@@ -260,11 +298,11 @@ def aggregate_tables(runs: list[RunData], last: int, reps: int = 2000):
             row[f"{name}_low"], row[f"{name}_high"] = float(intervals[exp][0][i]), float(intervals[exp][1][i])
         rows.append(row)
     improvement = []
-    pairs = {f"{a},{b}": (scores[a], scores[b]) for a in exps for b in exps if a != b}
+    pairs = {f"{a}\t{b}": (scores[a], scores[b]) for a in exps for b in exps if a != b}  # (names hold commas)
     if pairs:
         poi, poi_ci = rly.get_interval_estimates(pairs, metrics.probability_of_improvement, reps=reps)
         for key in pairs:
-            a, b = key.split(",")
+            a, b = key.split("\t")
             low, high = np.ravel(poi_ci[key])
             improvement.append(
                 {"script": a, "over": b, "probability": float(np.ravel(poi[key])[0]), "low": low, "high": high}
@@ -338,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("script", "{script}"),
                 ("env", "{env_id}"),
                 ("seeds", "{seeds}"),
+                ("runs", "{runs}"),
                 ("steps", "{steps:,}"),
                 (f"return (last {args.last}), mean ± std", "{mean:.2f} ± {std:.2f}"),
                 ("IQM", "{iqm:.2f}"),

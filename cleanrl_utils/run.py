@@ -1,292 +1,113 @@
-"""Run plumbing shared by every script: the command line, the resume rule, logging set-up, signals,
-checkpoint writes and the closing line. None of it is an algorithm; all of it is identical everywhere.
+"""The life of a run, identical in every script: its set-up (command line, resume rule, ranks and
+checkpoint to continue), logging, signals, checkpoint writes and the closing line.
 
-The order a script calls these in is the order of a run:
+The order a script calls these in is the order of a run (a plain ``python`` launch is rank 0 of 1):
 
-    args, run_dir, checkpoint = setup_run(Args, validate, __file__)  # command line, --resume, validation (exit 2)
-    run = Run(args, run_dir, __file__, device=..., checkpoint=...)   # TensorBoard/W&B, Ctrl-C, progress, checkpoints
-    ...                                                              # the training loop, which decides when to
-    run.save(state, global_step)                                     #   checkpoint and stops on run.stop.signum
-    run.close(); run.summary(global_step)                            # one closing line
+    args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
+    run = Run(args, run_dir, __file__, ranks=ranks, checkpoint=checkpoint)  # TensorBoard/W&B, Ctrl-C, progress
+    ...                                                                 # the training loop, which decides when to
+    run.save(state, global_step)                                        #   checkpoint (torchrun: own=this rank's
+    run.close(); run.summary(global_step)                               #   part) and stops on run.stop.signum
 
-(The torchrun scripts call ``cleanrl_utils.distributed.setup_ranks`` instead of ``setup_run``.)
-
-The resume rule (one for every script): ``--resume`` keeps the checkpoint's settings. Flags about the
-machine and the launch (``LAUNCH_FLAGS``) come from the new command line; flags about what the run
-writes and what steps its envs (``OUTPUT_FLAGS``: checkpoint interval and buffer, videos, the vector mode) keep the checkpoint's value unless
-given again. Any other flag given with a value different from the checkpoint's is refused with one
-line and exit code 2, except ``--total-timesteps``, which may be raised to train longer (a note says
-what that does to the schedules).
+The command line and the resume rule are ``cleanrl_utils.arguments``'; ranks, process groups and the
+run plan ``cleanrl_utils.distributed``'.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import threading
 import time
-import typing
 import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-import tyro
+import torch
 
-from cleanrl_utils.checkpoint import (
-    CheckpointError,
-    list_checkpoints,
-    load_checkpoint,
-    resolve_resume,
-    save_checkpoint,
-    write_state,
+from cleanrl_utils.arguments import (
+    check_run,
+    fail,
+    is_main_process,
+    note,
+    parse_args,
+    require_positive,
+    resumed_args,
+    share_envs,
 )
+from cleanrl_utils.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, write_state
+from cleanrl_utils.distributed import Ranks, check_devices
 
 T = TypeVar("T")
-
-# Flags that describe the machine or the launch, not the algorithm: on --resume they come from the new
-# command line, given or not (a new machine may have other GPUs, threads, or no W&B).
-LAUNCH_FLAGS = frozenset(
-    {
-        "cuda",
-        "threads",
-        "device_ids",
-        "backend",
-        "dist_timeout",
-        "env_timeout",
-        "actor_timeout",
-        "env_threads",
-        "progress",
-        "track",
-        "wandb_project_name",
-        "wandb_entity",
-        "resume",
-    }
-)
 # A single-process run writes a checkpoint at least this often (seconds of wall clock), whatever its
 # --checkpoint-interval: a preempted tuner trial or grid task loses at most this much (see
 # benchmark/checkpoint_overhead.py for what a checkpoint costs).
 CHECKPOINT_SECONDS = 300.0
-# Flags about what the run writes and what steps its envs, not how it learns: on --resume they keep the
-# checkpoint's value unless the new command line gives one (an async or ALE run resumes as one).
-OUTPUT_FLAGS = frozenset({"checkpoint_interval", "checkpoint_buffer", "capture_video", "save_model", "vector_mode"})
 
 
-def is_main_process() -> bool:
-    """Rank 0 of a torchrun launch, or a plain ``python`` launch."""
-    return int(os.environ.get("RANK", "0")) == 0
+def setup(args_class: type[T], validate, script_file: str) -> tuple[T, Ranks, Path, dict[str, Any] | None]:
+    """Every script's set-up: this process's rank (torchrun's environment; a ``python`` launch is rank 0 of
+    1), the command line, validation, the device and process group, and the run plan. Returns (args,
+    ranks, run directory, this rank's checkpoint or None); the device is ``ranks.device``.
 
-
-def fail(message: str) -> NoReturn:
-    """Bad input: one line on stderr (from rank 0 only: every rank exits the same way) and exit code 2."""
-    if is_main_process():
-        print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def require_positive(args: Any, *names: str) -> None:
-    """Each named field (None allowed) must be a positive integer, or a float > 0."""
-    for name in names:
-        value = getattr(args, name)
-        if value is None:
-            continue
-        if isinstance(value, int) and value <= 0:
-            fail(f"{_flag(name)} {value}: must be a positive integer")
-        if isinstance(value, float) and not value > 0:
-            fail(f"{_flag(name)} {value}: must be > 0")
-
-
-def require_batch(args: Any) -> None:
-    """PPO's rollout batch (num_envs * num_steps) splits into --num-minibatches and fits --total-timesteps."""
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        fail(
-            f"--num-minibatches {args.num_minibatches}: must divide the batch size num_envs * num_steps = {batch_size}"
-        )
-    if args.total_timesteps < batch_size:
-        fail(
-            f"--total-timesteps {args.total_timesteps}: must be at least one iteration, num_envs * num_steps = {batch_size}"
-        )
-
-
-def warn_if_no_learning(args: Any) -> None:
-    """Off-policy scripts: a budget within --learning-starts (CleanRL's smoke tests) only collects experience."""
-    if args.total_timesteps <= args.learning_starts:
-        note(f"warning: --total-timesteps {args.total_timesteps} <= --learning-starts {args.learning_starts}: "
-             "the run only collects experience, no gradient step will be taken")  # fmt: skip
-
-
-def note(message: str) -> None:
-    """One informational line on stderr, from rank 0 only."""
-    if is_main_process():
-        print(message, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# The command line
-# --------------------------------------------------------------------------------------------
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _bool_fields(args_class: type) -> set[str]:
-    hints = typing.get_type_hints(args_class)
-    return {f.name for f in dataclasses.fields(args_class) if hints[f.name] is bool}
-
-
-def _cleanrl_booleans(args_class: type, argv: list[str]) -> list[str]:
-    """CleanRL's documented command lines write booleans as values (``--autotune False``); tyro wants
-    ``--autotune`` / ``--no-autotune``. Rewrite the first form into the second."""
-    spellings = {}
-    for name in _bool_fields(args_class):
-        spellings[_flag(name)] = name
-        spellings["--" + name] = name
-    out, i = [], 0
-    while i < len(argv):
-        token = argv[i]
-        key, eq, value = token.partition("=")
-        if key in spellings and not eq and i + 1 < len(argv) and argv[i + 1].lower() in ("true", "false"):
-            key, eq, value, i = key, "=", argv[i + 1], i + 1
-        if key in spellings and eq and value.lower() in ("true", "false"):
-            out.append(_flag(spellings[key]) if value.lower() == "true" else "--no-" + _flag(spellings[key])[2:])
-        else:
-            out.append(token)
-        i += 1
-    return out
-
-
-def given_flags(args_class: type, argv: list[str]) -> set[str]:
-    """Names of the ``Args`` fields that ``argv`` sets explicitly (dashes or underscores, ``--no-`` too)."""
-    names = {}
-    for f in dataclasses.fields(args_class):
-        for spelling in (_flag(f.name), "--" + f.name):
-            names[spelling] = f.name
-            names["--no-" + spelling[2:]] = f.name
-    return {names[token.split("=")[0]] for token in argv if token.split("=")[0] in names}
-
-
-def parse_args(args_class: type[T], world_size: int = 1, argv: list[str] | None = None) -> T:
-    """Parse the command line with tyro; CleanRL's ``--flag True|False`` spelling of booleans is accepted.
-
-    Scripts with both ``num_envs`` (summed over ranks) and ``local_num_envs`` (per rank, CleanRL's
-    multigpu flag) take either one and derive the other; giving both is refused.
+    Validation is one line and exit 2: for a new run before any process group or run directory, for
+    ``--resume`` once the checkpoint's settings are merged (every rank alike). A script without
+    distributed flags (``--dist-timeout``) runs on one process and refuses WORLD_SIZE > 1. The per-rank
+    share of the envs, ``args.local_num_envs``, is derived here, once, from the run's settled ``num_envs``.
     """
-    argv = _cleanrl_booleans(args_class, sys.argv[1:] if argv is None else argv)
-    args = tyro.cli(args_class, args=argv)
-    if hasattr(args, "local_num_envs"):
-        if {"num_envs", "local_num_envs"} <= given_flags(args_class, argv):
-            fail(
-                f"--num-envs {args.num_envs} and --local-num-envs {args.local_num_envs}: give one "
-                f"(num_envs = local_num_envs x WORLD_SIZE, here {world_size})"
-            )
-        if args.num_envs is None:
-            args.num_envs = args.local_num_envs * world_size
-        elif args.num_envs % world_size == 0:
-            args.local_num_envs = args.num_envs // world_size
-        else:
-            fail(f"--num-envs {args.num_envs}: must be a multiple of the number of processes (WORLD_SIZE={world_size})")
-    return args
-
-
-def resumed_args(args: T, checkpoint: dict[str, Any], argv: list[str] | None = None) -> T:
-    """Apply the resume rule: the checkpoint's settings, the new launch's ``LAUNCH_FLAGS``; refuse changes."""
-    argv = sys.argv[1:] if argv is None else argv
-    saved = dict(checkpoint["args"])
-    fields = {f.name for f in dataclasses.fields(args)}
-    merged = {k: v for k, v in saved.items() if k in fields}
-    for name in fields & LAUNCH_FLAGS:
-        merged[name] = getattr(args, name)
-    for name in sorted(given_flags(type(args), _cleanrl_booleans(type(args), argv)) - LAUNCH_FLAGS):
-        new, old = getattr(args, name), saved.get(name)
-        if new == old or name in OUTPUT_FLAGS:
-            merged[name] = new
-            continue
-        if name == "total_timesteps" and old is not None:
-            merged[name] = new
-            _note_longer_run(new, old, checkpoint.get("global_step", 0), saved)
-            continue
-        fail(
-            f"{_flag(name)} {new}: the checkpoint was trained with {old}; --resume keeps the checkpoint's "
-            "settings (drop the flag, or start a new run)"
-        )
-    return type(args)(**merged)
-
-
-def _note_longer_run(new: int, old: int, done: int, saved: dict[str, Any]) -> None:
-    if new <= done:
-        fail(f"--total-timesteps {new}: the checkpoint has already trained {done} steps; give more to train on")
-    effects = []
-    if saved.get("anneal_lr"):
-        before, after = 100 * max(1 - done / old, 0), 100 * (1 - done / new)
-        effects.append(
-            f"the learning rate now anneals linearly to 0 at step {new} instead of {old}, "
-            f"so at step {done} it {'rises' if after > before else 'falls'} from {before:.0f}% to {after:.0f}% "
-            "of --learning-rate"
-        )
-    if "exploration_fraction" in saved:
-        effects.append(f"epsilon now decays over {saved['exploration_fraction']:g} of {new} steps")
-    effects = effects or ["no schedule depends on the total"]
-    note(f"--total-timesteps {new}: the run now ends at step {new} instead of {old}; " + "; ".join(effects))
-
-
-def default_run_name(args: Any, stamp: str | None = None) -> str:
-    """``<env-id>__<exp-name>__<seed>__<stamp>`` (the unix time unless a stamp is given), or ``--run-name``."""
-    return args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp or int(time.time())}"
-
-
-def find_checkpoint(args: Any, stamp: str | None = None, restarted: bool = False) -> tuple[str, Path | None]:
-    """Which run this launch is and which checkpoint it continues: (run name, checkpoint file or None).
-
-    ``--resume`` names a checkpoint or a run directory. Without it, a run directory that already holds
-    checkpoints is refused (it would be overwritten), unless this launch restarts that very run (a
-    torchrun restart: the run name carries torchrun's run id), which continues from its newest file.
-    Raises :class:`CheckpointError`.
-    """
-    run_name = default_run_name(args, stamp)
-    if args.resume:
-        return run_name, resolve_resume(args.resume)
-    found = list_checkpoints(Path("runs") / run_name / "checkpoints")
-    if found and not restarted:
-        raise CheckpointError(f"runs/{run_name} holds checkpoints: pass --resume runs/{run_name} or another --run-name")
-    return run_name, found[-1] if found else None
-
-
-def read_checkpoint(path: Path, script: str) -> dict[str, Any]:
-    """Load ``path`` (digest verified) and check that ``script`` wrote it; raises :class:`CheckpointError`."""
-    checkpoint = load_checkpoint(path)
-    if checkpoint.get("script") != script:
-        raise CheckpointError(f"checkpoint {path} was written by {checkpoint.get('script')}, not by {script}")
-    return checkpoint
-
-
-def setup_run(args_class: type[T], validate, script_file: str) -> tuple[T, Path, dict[str, Any] | None]:
-    """A single-process run's set-up: parse the command line, find and read the checkpoint to continue (the
-    resume rule applies), validate. Returns (args, run directory, checkpoint or None). Every refusal is
-    one line and exit code 2, before any env or run directory exists."""
-    args = parse_args(args_class)
-    checkpoint = None
-    try:
-        run_name, path = find_checkpoint(args)
-        if path is not None:
-            checkpoint = read_checkpoint(path, Path(script_file).name)
-    except CheckpointError as e:
-        fail(str(e))
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]
-        note(f"resuming from {path}")
-    return settled_args(args, checkpoint, validate), Path("runs") / run_name, checkpoint
-
-
-def settled_args(args: T, checkpoint: dict[str, Any] | None, validate, *context: Any) -> T:
-    """The run's settings, validated: the command line, or with a checkpoint to continue, its settings
-    under the resume rule (``--total-timesteps`` longer than saved is checked against the run's
-    ``--num-envs``, not the defaults). Every script validates here, single-process and torchrun alike."""
-    if checkpoint is not None:
+    ranks = Ranks.from_env()
+    multi = any(f.name == "dist_timeout" for f in dataclasses.fields(args_class))
+    if not multi:
+        if ranks.world_size > 1:
+            fail(f"{Path(script_file).name} runs on one process (WORLD_SIZE={ranks.world_size}): launch it with python")
+        ranks = Ranks()  # no process group, whatever launched it
+    args = parse_args(args_class, ranks.world_size)
+    check_run(args)
+    if args.resume is None:
+        validate(args, ranks)  # a new run: all of it is refused before any process group
+    elif multi:  # what joining needs (launch flags: the new ones count); the rest once the checkpoint is read
+        require_positive(args, "dist_timeout")
+        check_devices(args, ranks.local_world_size)
+    ranks.join_process_group(args.cuda, getattr(args, "backend", None), getattr(args, "device_ids", None),
+                             getattr(args, "dist_timeout", 600.0))  # fmt: skip
+    run_dir, checkpoint = ranks.plan(args, script_file)
+    if checkpoint is not None:  # the same settings on every rank: all exit 2 alike
         args = resumed_args(args, checkpoint)
-    validate(args, *context)
-    return args
+        validate(args, ranks)
+    share_envs(args, ranks.world_size)  # args.local_num_envs: this world size's share of the global --num-envs
+    return args, ranks, run_dir, checkpoint
+
+
+_held: list[Any] = []  # the run-directory locks this process holds, for its life
+
+
+def hold_run_dir(run_dir: Path) -> str | None:
+    """One live run per run directory: an exclusive lock (``flock``) on ``<run_dir>/.lock``, held for the life of
+    this process; the kernel drops it when the process ends, however it ends, so the successor of a killed
+    run takes it over. Returns None, or the one line that says another live run holds it."""
+    import fcntl
+    import socket
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(run_dir / ".lock", "a+")  # noqa: SIM115 (held open on purpose, for the life of the process)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        return f"{run_dir} is in use by a live run ({holder}): wait for it to end, or give another --run-name"
+    with contextlib.suppress(OSError):  # (who holds it is a courtesy: a full disk may refuse it)
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+    _held.append(lock)
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,7 +120,9 @@ def start_logging(
 
     The W&B id is kept in checkpoints, so a resumed run continues the same W&B run; a resumed writer
     drops the events the previous attempt logged after its checkpoint (``purge_step``: ``resumed_at`` is
-    the first step the resumed run may log, one past the checkpoint's, whose own points are kept).
+    the first step the resumed run may log, one past the checkpoint's, whose own points are kept). W&B's
+    own files go where W&B puts them (``./wandb``, or ``$WANDB_DIR``), never below ``runs/``: its copy of the
+    event files there would be read as runs of their own, and inside ``run_dir`` it would mirror itself.
     """
     from torch.utils.tensorboard import SummaryWriter
 
@@ -316,7 +139,6 @@ def start_logging(
             name=run_dir.name,
             id=wandb_id,
             resume="allow",
-            dir=str(run_dir),
             save_code=True,
         )
     # flushed every 5 s: the tuner and dashboards read the event file while the run grows
@@ -331,8 +153,6 @@ def start_logging(
 def hardware() -> dict[str, str]:
     """What the run ran on, recorded with it for throughput tables (``cleanrl_utils/plot.py``)."""
     import platform
-
-    import torch
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -358,7 +178,7 @@ def _writer_class(summary_writer: type) -> type:
 
     class Writer(summary_writer):
         failed = False
-        checkpoints = None  # the run's Checkpoints (set by Run): the last good one is named in the error line
+        run = None  # the Run (set by it): its last good checkpoint is named in the error line
 
         def _guard(self, write, *args, **kwargs):
             if self.failed:
@@ -367,10 +187,12 @@ def _writer_class(summary_writer: type) -> type:
                 return write(*args, **kwargs)
             except OSError as e:
                 self.failed = True
-                raise LogWriteError(
+                error = LogWriteError(
                     f"writing the TensorBoard log {self.log_dir} failed ({e.strerror or e}); "
-                    f"last good checkpoint: {getattr(self.checkpoints, 'last', None) or 'none'}"
-                ) from None
+                    f"last good checkpoint: {getattr(self.run, 'last_checkpoint', None) or 'none'}"
+                )
+                error.reason = e.strerror or str(e)
+                raise error from None
 
         def add_scalar(self, *args, **kwargs):
             return self._guard(super().add_scalar, *args, **kwargs)
@@ -451,29 +273,24 @@ RUN_ERRORS: tuple[type[BaseException], ...] = (RunError, FloatingPointError)
 
 
 class Checkpoints:
-    """Writes the run's checkpoints (``run_dir/checkpoints/ckpt_<global step>.pt``) and remembers the last good one.
+    """Writes the run's checkpoints (``run_dir/checkpoints/ckpt_<global step>.pt``, the newest ``keep``).
 
     Every file also records which script wrote it and its settings, so ``--resume`` can refuse a
     checkpoint of another script. A write that fails (a full disk) keeps the previous checkpoint,
-    leaves no temporary file, and raises :class:`RunError` naming both.
+    leaves no temporary file, and raises :class:`CheckpointError`.
     """
 
-    def __init__(self, run_dir: Path, script_file: str, args: Any, last: Path | None = None, keep: int = 2):
+    def __init__(self, run_dir: Path, script_file: str, args: Any, keep: int = 2):
         self.directory = run_dir / "checkpoints"
         self.script = Path(script_file).name
         self.args = dataclasses.asdict(args)
         # the run directory below runs/ (a --run-name may have several parts, e.g. <study>/<trial>/<env>)
         self.run_name = run_dir.relative_to("runs").as_posix() if run_dir.parts[:1] == ("runs",) else run_dir.name
-        self.last = last
         self.keep = keep
 
     def save(self, state: dict[str, Any], global_step: int) -> Path:
         full = {"script": self.script, "args": self.args, "run_name": self.run_name, **state}
-        try:
-            self.last = save_checkpoint(full, self.directory, global_step, keep=self.keep)
-        except CheckpointError as e:
-            raise RunError(f"{e}; last good checkpoint: {self.last or 'none'}") from None
-        return self.last
+        return save_checkpoint(full, self.directory, global_step, keep=self.keep)
 
 
 def interval_crossed(global_step: int, steps_done: int, interval: int) -> bool:
@@ -501,38 +318,46 @@ class Run:
     the Ctrl-C/SIGTERM flag, console progress, resource figures, the checkpoint writer, the recent
     episode returns and the clock. The training loop decides everything; this only records.
 
-    Under torchrun ``ranks`` (``cleanrl_utils.distributed.Ranks``) says whether this process logs (rank 0
+    ``ranks`` (``cleanrl_utils.distributed.Ranks``, from :func:`setup`) says whether this process logs (rank 0
     alone does; elsewhere ``writer`` is None), and :meth:`close` leaves the process group, on every exit path.
+    The run owns its last good checkpoint, ``last_checkpoint``: the one it resumed from, then each it wrote.
     """
 
-    def __init__(self, args: Any, run_dir: Path, script_file: str, *, device, checkpoint=None, ranks=None):
+    def __init__(self, args: Any, run_dir: Path, script_file: str, *, ranks: Ranks, checkpoint=None):
         from cleanrl_utils.monitor import Progress, ResourceMonitor
 
         self.args, self.run_dir, self.ranks = args, run_dir, ranks
-        self.is_main = ranks is None or ranks.is_main
+        self.is_main = ranks.is_main
         global_step = checkpoint["global_step"] if checkpoint is not None else 0
         self.wandb_id = checkpoint and checkpoint.get("wandb_id")
+        self.last_checkpoint: Path | None = Path(checkpoint["path"]) if checkpoint is not None else None
         self.writer = None
+        new_dir = not run_dir.exists()
+        in_use = hold_run_dir(run_dir) if self.is_main else None  # one live run per run directory
+        if ranks.broadcast(in_use):  # every rank stops alike
+            fail(in_use)
         if self.is_main:  # the run directory exists only from here on
-            config = {"world_size": ranks.world_size} if ranks is not None else None
+            config = {"world_size": ranks.world_size} if ranks.distributed else None
             resumed_at = checkpoint and global_step + 1  # the checkpoint's own step was logged before it was saved
-            self.writer, self.wandb_id = start_logging(args, run_dir, self.wandb_id, resumed_at, config)
-        self.checkpoints = Checkpoints(run_dir, script_file, args, last=checkpoint and checkpoint.get("path"))
-        if self.writer is not None:
-            self.writer.checkpoints = self.checkpoints
+            try:
+                self.writer, self.wandb_id = start_logging(args, run_dir, self.wandb_id, resumed_at, config)
+                self.writer.run = self
+                self.writer.flush()  # the event file's first records: a full disk says so here, in one line
+            except (OSError, LogWriteError) as e:
+                if new_dir:  # leave no empty run directory behind
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or str(e)
+                report_and_exit(LogWriteError(f"writing the TensorBoard log {run_dir} failed ({reason}); "
+                                              f"last good checkpoint: {self.last_checkpoint or 'none'}"))  # fmt: skip
+        self.checkpoints = Checkpoints(run_dir, script_file, args)
         self.stop = StopRequested()
         enabled = args.progress and self.is_main
         self.progress = Progress(args.total_timesteps, global_step, run_dir.name, enabled=enabled)
-        self.monitor = ResourceMonitor(device)
+        self.monitor = ResourceMonitor(ranks.device)
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.start_step, self.start_time = global_step, time.perf_counter()
         self.saved_at = self.start_time  # when the last checkpoint was written (or the run started)
         self.trained_at: float | None = None  # when training ended, if an evaluation followed
-
-    @property
-    def last_checkpoint(self) -> Path | None:
-        """The newest checkpoint this run wrote or resumed from (None before the first)."""
-        return self.checkpoints.last
 
     def sps(self, global_step: int) -> float:
         """Env steps per second of this launch (all ranks together)."""
@@ -563,31 +388,37 @@ class Run:
         # one process (a tuner trial, a grid task): also every CHECKPOINT_SECONDS, so that a preemption loses
         # at most that much of a slow run (torchrun ranks would have to agree on the clock: they do not)
         interval = self.args.checkpoint_interval  # (0: no periodic checkpoints at all)
-        return interval > 0 and self.ranks is None and time.perf_counter() - self.saved_at >= CHECKPOINT_SECONDS
+        return interval > 0 and not self.ranks.distributed and time.perf_counter() - self.saved_at >= CHECKPOINT_SECONDS
 
-    def save(self, state: dict[str, Any], global_step: int) -> Path:
-        """Write ``state`` (plus the W&B id) as this run's checkpoint at ``global_step``."""
-        path = self.checkpoints.save({**state, "wandb_id": self.wandb_id}, global_step)
-        self.saved_at = time.perf_counter()
+    def save(self, state: dict[str, Any], global_step: int, own: dict[str, Any] | None = None) -> Path:
+        """Write this run's checkpoint at ``global_step``: ``state`` (plus the W&B id) and, under torchrun, every
+        rank's ``own`` part (CPU data), in one file that rank 0 writes; every rank returns its path once it is
+        on disk. A failed write keeps the last good checkpoint and raises :class:`RunError` naming it."""
+        full = {**state, "wandb_id": self.wandb_id}
+        try:
+            if own is None:
+                path = self.checkpoints.save(full, global_step)
+            else:
+                write = lambda parts: self.checkpoints.save(  # noqa: E731
+                    {**full, "world_size": self.ranks.world_size, "ranks": parts}, global_step
+                )
+                path = self.ranks.save_collectively(write, own, global_step, self.checkpoints.run_name)
+        except CheckpointError as e:
+            raise RunError(f"{e}; last good checkpoint: {self.last_checkpoint or 'none'}") from None
+        self.last_checkpoint, self.saved_at = path, time.perf_counter()
         return path
 
-    def save_model(self, keys: list[str], epsilon: float = 0.0, episodes: int = 10) -> Path:
+    def save_model(self, keys: list[str]) -> Path:
         """``--save-model`` (CleanRL's meaning), after the final checkpoint: its ``keys`` (the weights) as
-        runs/<run>/<exp-name>.cleanrl_model, evaluated for ``episodes`` episodes by cleanrl_utils/enjoy.py
-        (each return logged as eval/episodic_return at step 0, 1, ...)."""
-        from cleanrl_utils.enjoy import evaluate
-
-        self.trained_at = time.perf_counter()
+        runs/<run>/<exp-name>.cleanrl_model, which the script then evaluates (cleanrl_utils/enjoy.py)."""
+        self.trained_at = time.perf_counter()  # the closing line's wall time leaves the evaluation out
         path = self.run_dir / f"{self.args.exp_name}.cleanrl_model"
         try:
-            final = load_checkpoint(self.checkpoints.last)
+            final = load_checkpoint(self.last_checkpoint)
             write_state({k: final[k] for k in ("script", "args", "run_name", *keys)}, path)
         except CheckpointError as e:
             raise RunError(str(e)) from None
-        note(f"model saved to {path}; evaluating it for {episodes} episodes")
-        returns = evaluate(path, episodes, seed=self.args.seed, greedy=False, epsilon=epsilon)
-        for i, episodic_return in enumerate(returns):
-            self.writer.add_scalar("eval/episodic_return", episodic_return, i)
+        note(f"model saved to {path}")
         return path
 
     def exit_on_signal(self, signum: int, path: Path | None, global_step: int) -> NoReturn:
@@ -604,8 +435,7 @@ class Run:
         except LogWriteError as e:  # the last flush met a full disk
             report_and_exit(e)
         finally:
-            if self.ranks is not None:
-                self.ranks.close()
+            self.ranks.close()
 
     def summary(self, global_step: int) -> None:
         """One line at the end of a run: what it did, how fast, how well, and where to look."""
@@ -621,7 +451,7 @@ class Run:
         )
         print(
             f"done: {global_step:,} steps ({steps:,} in {seconds:.1f}s, {steps / max(seconds, 1e-9):,.0f} SPS); "
-            f"{score}; run {self.run_dir}, checkpoint {self.checkpoints.last or 'none'}; "
+            f"{score}; run {self.run_dir}, checkpoint {self.last_checkpoint or 'none'}; "
             f"tensorboard --logdir {self.run_dir.parent}",
             flush=True,
         )

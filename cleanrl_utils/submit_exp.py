@@ -44,10 +44,9 @@ from typing import Any
 
 import tyro
 
-from cleanrl_utils.benchmark import check_script_args, exp_name, refusal
 from cleanrl_utils.checkpoint import list_checkpoints
+from cleanrl_utils.launch import REPO, check_script_args, exp_name, refusal
 
-REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = Path("runs") / "submissions"
 MAX_GPUS_PER_NODE = 16
 TUNER = "cleanrl_utils/tuner.py"
@@ -115,6 +114,9 @@ class Args:
     """AWS Batch endpoint (e.g. a local test endpoint)"""
     tasks: int = 1
     """a tuner command (cleanrl_utils/tuner.py): run it as this many identical array tasks (its workers)"""
+    continue_runs: bool = False
+    """SLURM: continue the runs an earlier submission of this --job-name left in runs/<job-name>/ (without it,
+    a submission whose run directories hold checkpoints is refused: it would train into them)"""
     submit: bool = False
     """submit; without it, print what would be submitted"""
 
@@ -192,6 +194,7 @@ def check(args: Args, extra: list[str]) -> Plan:
                 validate(script, flags, 1)
                 run_name = f"{args.job_name}/{env_id.replace('/', '-')}__{exp_name(argv)}__{seed}"
                 tasks.append(Task(env_id, seed, run_name))
+        refuse_used_run_dirs(args, tasks)
         return Plan("grid", in_image(args, argv), tasks)
     low, high = nodes
     if low != high and (args.backend == "aws-batch" or args.one_host):
@@ -210,7 +213,22 @@ def check(args: Args, extra: list[str]) -> Plan:
                 raise
             raise SubmitError(f"--nodes {args.nodes}: on {n} nodes ({n * nproc} processes) {error}") from None
     run_name = f"{args.job_name}/run" if args.resume_run is None else resumed_run(args)
+    if args.resume_run is None:
+        refuse_used_run_dirs(args, [Task("", 0, run_name)])
     return Plan("multinode", in_image(args, argv), [Task("", 0, run_name)], nproc, nodes)
+
+
+def refuse_used_run_dirs(args: Args, tasks: list[Task]) -> None:
+    """SLURM names run directories by --job-name: a second submission of one name would continue the first's
+    runs (or fail in every task on their settings). Refused, before anything is submitted, unless asked."""
+    if args.backend != "slurm" or args.continue_runs:
+        return  # (AWS Batch keys a job's runs by its job id: every submission gets directories of its own)
+    used = [t.run_name for t in tasks if list_checkpoints(Path("runs") / t.run_name / "checkpoints")]
+    if used:
+        raise SubmitError(
+            f"--job-name {args.job_name}: runs/{used[0]} (and {len(used) - 1} more) holds checkpoints of an earlier "
+            "submission: give another --job-name, or --continue-runs to continue them"
+        )
 
 
 def node_range(spec: str) -> tuple[int, int]:

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
 import psutil
@@ -33,6 +34,20 @@ from optuna.trial import FrozenTrial, TrialState
 # Why telling a trial can fail: it finished meanwhile (its worker completed it, or another watcher
 # failed it first); Optuna raises ValueError (RDB) or UpdateFinishedTrialError (a RuntimeError).
 _TOLD = (ValueError, RuntimeError)
+
+
+def open_storage(url: str):
+    """A fresh storage object for ``url`` (one per process: database connections do not survive a fork):
+    a file path is Optuna's journal file (no server, safe for processes on one machine), else an RDB URL."""
+    if "://" not in url:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(url))
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
 def lineage(trial: FrozenTrial | optuna.Trial) -> int:

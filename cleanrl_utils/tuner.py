@@ -46,6 +46,7 @@ Python API (CleanRL's ``Tuner`` arguments are accepted, so its tuning examples k
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -66,9 +67,9 @@ import optuna
 import tyro
 from optuna.trial import TrialState
 
-from cleanrl_utils.benchmark import device_slots, locate_script
+from cleanrl_utils.launch import REPO, device_slots, locate_script
 from cleanrl_utils.scores import AGGREGATIONS, load_reference_file, reference_scores
-from cleanrl_utils.trials import Watcher, census, claim_trial, error_of, lineage, lose_trial  # noqa: F401 (claim_trial)
+from cleanrl_utils.trials import Watcher, census, claim_trial, error_of, lineage, lose_trial, open_storage  # noqa: F401 (claim_trial)
 from cleanrl_utils.tuner_spaces import (  # noqa: F401 (re-exported: tuner.SPACES, tuner.run_score...)
     FAMILIES,
     MUJOCO,
@@ -82,7 +83,7 @@ from cleanrl_utils.tuner_spaces import (  # noqa: F401 (re-exported: tuner.SPACE
     space_params_fn,
     trial_value,
 )
-from cleanrl_utils.tuner_worker import REPO, dispose, repo_relative, run_worker
+from cleanrl_utils.tuner_worker import WorkerSettings, dispose, repo_relative, run_worker, stop_recorded_groups
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,16 +186,11 @@ class Tuner:
     # ----------------------------------------------------------------------------------------
     def storage(self):
         """A fresh storage object (one per process: database connections do not survive a fork)."""
-        url = self.storage_url
-        if "://" not in url:  # a file path: Optuna's journal file (no server, safe for processes on one machine)
-            from optuna.storages.journal import JournalFileBackend, JournalStorage
+        return open_storage(self.storage_url)
 
-            Path(url).parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(url))
-        if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    def worker_settings(self) -> WorkerSettings:
+        """What the worker processes need of these settings (a worker does not hold the tuner)."""
+        return WorkerSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(WorkerSettings)})
 
     def config(self, num_seeds: int) -> dict[str, Any]:
         """What makes two runs of the tuner the same study; a re-run that differs is refused."""
@@ -219,11 +215,14 @@ class Tuner:
         self.max_failures = self.max_failures or num_trials
         self.seeds = list(range(self.start_seed, self.start_seed + num_seeds))
         self.check_space()
+        try:  # a storage that cannot be used is one line, and leaves no directory behind
+            storage = self.storage()
+            study = optuna.create_study(
+                study_name=self.study_name, storage=storage, direction=self.direction, load_if_exists=True
+            )
+        except Exception as error:  # a missing driver, a closed port, a file that is not a database
+            raise TunerError(f"--storage {self.storage_url}: {storage_problem(error)}") from None
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        storage = self.storage()
-        study = optuna.create_study(
-            study_name=self.study_name, storage=storage, direction=self.direction, load_if_exists=True
-        )
         config, saved = self.config(num_seeds), study.user_attrs.get("config")
         if saved is None:
             study.set_user_attr("config", config)
@@ -245,7 +244,7 @@ class Tuner:
 
     def check_space(self) -> None:
         """Sample once (in memory) and check every key is a flag of the script: a typo fails here, not in a trial."""
-        from cleanrl_utils.benchmark import load_script
+        from cleanrl_utils.launch import load_script
 
         module = load_script(self.script)
         if not hasattr(module, "Args"):
@@ -263,10 +262,10 @@ class Tuner:
         whose runs write a checkpoint; their trials resume when the command runs again."""
         ctx = multiprocessing.get_context("fork")
         slots = device_slots(self.gpus, self.trials_per_gpu, 1) or [{} for _ in range(self.workers)]
-        procs = {}
+        procs, settings = {}, self.worker_settings()
 
         def start(index: int) -> None:
-            proc = ctx.Process(target=run_worker, args=(self, index, slots[index]), daemon=False)
+            proc = ctx.Process(target=run_worker, args=(settings, index, slots[index]), daemon=False)
             proc.start()
             procs[index] = proc
 
@@ -323,9 +322,7 @@ class Tuner:
         state_file = self.out_dir / "workers" / f"{socket.gethostname()}-{pid}.json"
         with contextlib.suppress(OSError, ValueError):
             state = json.loads(state_file.read_text())
-            for pgid in state.get("pgids", []):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
+            stop_recorded_groups(state.get("groups", []))
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             trial = next((t for t in running if t.number == state.get("trial")), None)
             if trial is not None:
@@ -566,6 +563,14 @@ def build(args: Args) -> Tuner:
         progress_interval=args.progress_interval,
         extra_args=["--track"] if args.track else [],
     )
+
+
+def storage_problem(error: BaseException) -> str:
+    """One line for what went wrong opening a study's storage."""
+    if isinstance(error, ImportError):
+        return f"its database driver is not installed ({error}): pip install -e '.[optuna]'"
+    text = " ".join(str(getattr(error, "orig", None) or error).split())
+    return f"cannot be used as an Optuna storage ({type(error).__name__}: {text[:200]})"
 
 
 def main(argv: list[str] | None = None) -> int:

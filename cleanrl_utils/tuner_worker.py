@@ -10,8 +10,8 @@ SIGTERM, so that they write their checkpoints, and leaves the trial to be resume
 (``cleanrl_utils/trials.py``); a retry continues the runs with ``--resume`` and reports again what its
 lineage reported, so pruning and the final value are those of the uninterrupted trial.
 
-The tuner's parent process only supervises: it starts ``TrialWorker(tuner, i, slot).main()`` in a
-forked process per worker and cleans up after one that dies.
+The tuner's parent process only supervises: it starts ``TrialWorker(settings, i, slot).main()`` in a
+forked process per worker (with ``Tuner.worker_settings()``) and cleans up after one that dies.
 """
 
 from __future__ import annotations
@@ -27,26 +27,64 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import optuna
+import psutil
 from optuna.trial import TrialState
 
-from cleanrl_utils.benchmark import _die_with_parent, check_script_args, last_line, launch, stop_group, thread_env
 from cleanrl_utils.checkpoint import list_checkpoints
+from cleanrl_utils.launch import REPO, _die_with_parent, check_script_args, last_line, launch, stop_group, thread_env
 from cleanrl_utils.scores import normalize
 from cleanrl_utils.tb import ScalarReader
-from cleanrl_utils.trials import Heartbeat, Watcher, census, claim_trial, lineage, lose_trial, worker_record
+from cleanrl_utils.trials import (
+    Heartbeat,
+    Watcher,
+    census,
+    claim_trial,
+    lineage,
+    lose_trial,
+    open_storage,
+    worker_record,
+)
 from cleanrl_utils.tuner_spaces import flag_args, run_score, trial_value
 
-if TYPE_CHECKING:
-    from cleanrl_utils.tuner import Tuner
-
-REPO = Path(__file__).resolve().parents[1]
 # exit codes of a run stopped by SIGTERM or SIGINT (it wrote a checkpoint): stopped from outside, not failed
 STOPPED = {128 + signal.SIGTERM, -signal.SIGTERM, 128 + signal.SIGINT, -signal.SIGINT}
+
+
+@dataclass
+class WorkerSettings:
+    """What a worker reads of the tuner's settings (``Tuner.worker_settings()``; the names are the Tuner's)."""
+
+    script: Path
+    env_ids: list[str]
+    seeds: list[int]
+    extra_args: list[str]
+    metric: str
+    objective: str
+    window: int
+    aggregation: str
+    references: dict[str, Any]
+    params_fn: Callable[[optuna.Trial], dict[str, Any]]
+    sampler: Any
+    sampler_seed: int | None
+    pruner: Any
+    study_name: str
+    storage_url: str
+    out_dir: Path
+    num_trials: int
+    max_failures: int
+    max_resumes: int
+    threads_per_run: int
+    report_every: float
+    heartbeat: float
+    poll: float
+    wandb_kwargs: dict[str, Any]
 
 
 @dataclass
@@ -62,9 +100,9 @@ class RunSpec:
 
 
 class TrialWorker:
-    """Worker ``index`` of ``tuner`` (whose settings it reads), with its device ``slot`` (environment variables)."""
+    """Worker ``index`` with the tuner's ``settings`` and its device ``slot`` (environment variables)."""
 
-    def __init__(self, tuner: Tuner, index: int, slot: dict[str, str]):
+    def __init__(self, tuner: WorkerSettings, index: int, slot: dict[str, str]):
         self.tuner, self.index, self.slot = tuner, index, slot
         self.interrupted = False
         self.state_file = tuner.out_dir / "workers" / f"{socket.gethostname()}-{os.getpid()}.json"
@@ -76,7 +114,7 @@ class TrialWorker:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards Ctrl-C as SIGTERM
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        storage = t.storage()
+        storage = open_storage(t.storage_url)
         study = optuna.load_study(study_name=t.study_name, storage=storage, sampler=self.sampler(), pruner=t.pruner)
         watcher = Watcher(grace=3 * t.heartbeat)
         try:
@@ -107,13 +145,15 @@ class TrialWorker:
                 self.state_file.unlink()
         sys.exit(0)
 
-    def sampler(self) -> optuna.samplers.BaseSampler:
-        """This worker's sampler: seeded ``sampler_seed + index`` when a seed is given, else reseeded at
-        random (forked copies of one sampler would otherwise propose the same values)."""
+    def sampler(self, trial_number: int = 0) -> optuna.samplers.BaseSampler:
+        """The sampler that draws trial ``trial_number``'s parameters: with ``--sampler-seed``, seeded from the seed
+        and the trial's number (so a replacement worker, or the same command run again, draws new values for
+        each new trial, never trial 0's again); else reseeded at random (forked copies of one sampler would
+        otherwise propose the same values)."""
         given, seed = self.tuner.sampler, self.tuner.sampler_seed
         kind = type(given) if given is not None else optuna.samplers.TPESampler
         if seed is not None and kind in (optuna.samplers.TPESampler, optuna.samplers.RandomSampler):
-            return kind(seed=seed + self.index)
+            return kind(seed=int(np.random.SeedSequence([seed, trial_number]).generate_state(1)[0]))
         sampler = copy.deepcopy(given) if given is not None else kind()
         with contextlib.suppress(AttributeError):
             sampler.reseed_rng()
@@ -123,8 +163,10 @@ class TrialWorker:
         self.interrupted = True
 
     def write_state(self, trial_number: int | None, procs: list) -> None:
-        """Which trial this worker runs and its runs' process groups, for the parent to clean up if it dies."""
-        self.state_file.write_text(json.dumps({"trial": trial_number, "pgids": [p.pid for p in procs]}))
+        """Which trial this worker runs and its runs' process groups (each leader's pid and start time), for
+        the parent to clean up if it dies."""
+        groups = [[p.pid, started(p.pid)] for p in procs]
+        self.state_file.write_text(json.dumps({"trial": trial_number, "groups": groups}))
 
     # ----------------------------------------------------------------------------------------
     def plan_runs(
@@ -179,6 +221,8 @@ class TrialWorker:
         t = self.tuner
         trial.set_user_attr("worker", worker_record())
         heartbeat = Heartbeat(trial, t.heartbeat)
+        if t.sampler_seed is not None:
+            study.sampler = self.sampler(trial.number)
         params = t.params_fn(trial)
         if trial.user_attrs.get("params") is not None:  # a retry: exactly the values its lineage ran with
             params = trial.user_attrs["params"]
@@ -359,6 +403,23 @@ def _keys(params: dict[str, Any], extra_args: list[str]) -> set[str]:
     return keys | {a[2:].replace("-", "_") for a in extra_args if a.startswith("--")}
 
 
-def run_worker(tuner: Tuner, index: int, slot: dict[str, str]) -> None:
+def started(pid: int) -> float | None:
+    """The start time of process ``pid`` (None: gone): with the pid, it names one process, never a later one."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def stop_recorded_groups(groups: list[list]) -> None:
+    """SIGKILL the process groups a worker recorded, each only while its leader is still the process recorded
+    (the same pid and start time): a pid that an unrelated process has taken since is left alone."""
+    for pgid, when in groups:
+        if when is not None and started(pgid) == when:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def run_worker(settings: WorkerSettings, index: int, slot: dict[str, str]) -> None:
     """The target of a forked worker process (its state file is named by the child's own pid)."""
-    TrialWorker(tuner, index, slot).main()
+    TrialWorker(settings, index, slot).main()

@@ -1,4 +1,25 @@
-"""Helpers shared by the test tiers: run a script as a user would, read what it logged."""
+"""Helpers shared by the test tiers: run a script as a user would (``run_script``, ``torchrun_cmd``), read what it
+logged (``read_scalars``), find its checkpoints and its processes.
+
+Where the test of a feature is (tiers: ``-m quick`` is the first; ``-m slow`` trains for a real budget):
+
+| feature | file |
+|---|---|
+| GAE, V-trace, the PPO update and its minibatches | test_ppo_math.py, test_maths.py (distributions, TD targets) |
+| which transitions reach a batch; episode statistics | test_batches.py, test_episode_stats.py |
+| every script runs, logs, checkpoints; --compile, videos, W&B | test_smoke.py |
+| CleanRL's command lines, bad input (exit 2), the resume rule, devices, full disks | test_contract.py |
+| exact resume, env state in checkpoints | test_resume.py, test_env_state.py |
+| faults: NaNs, dying env workers, host reads per step | test_faults.py |
+| torchrun: 2 processes, restarts, elastic re-split, two nodes | test_distributed.py |
+| off-policy: replay, SAC/DQN and their data-parallel variants | test_buffers.py, test_offpolicy.py |
+| the actor-learner scripts | test_appo.py |
+| ALE's vector env against gymnasium's | test_ale.py |
+| code copied between scripts stays identical; sizes; the import layers | test_copies.py, test_layout.py |
+| the tools: grid runner and learning suites, tuner, plots, evaluation, SLURM/AWS Batch | test_benchmark.py, test_tuner.py, test_plot.py, test_tb.py, test_enjoy.py, test_submit.py |
+| learning within a step budget | test_learning.py (slow) |
+| what a GPU run relies on, proved on the CPU | test_gpu_check.py |
+"""
 
 import os
 import subprocess
@@ -58,11 +79,15 @@ def run_script(
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the TensorBoard event files of ``run_dir``: tag -> [(step, value), ...]."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from cleanrl_utils.tb import ScalarReader
 
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    reader = ScalarReader(run_dir).update()
+    return {tag: list(zip(series.steps, series.values)) for tag, series in reader.series.items()}
+
+
+def torchrun_cmd(nproc: int, *flags: str) -> list[str]:
+    """The start of a ``torchrun --standalone --nproc-per-node=<nproc> <flags>`` command, as this interpreter."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *flags]
 
 
 def only_run_dir(cwd: Path) -> Path:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cleanrl_utils.run import fail, parse_args, start_logging  # noqa: E402
+from cleanrl_utils.arguments import fail, parse_args  # noqa: E402
+from cleanrl_utils.run import start_logging  # noqa: E402
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Args:
     """a run directory whose newest checkpoint this run continues after"""
 
 
-def validate(args: Args) -> None:
+def validate(args: Args, ranks=None) -> None:
     if args.total_timesteps % args.num_steps != 0:
         fail(f"--num-steps {args.num_steps}: must divide --total-timesteps {args.total_timesteps}")
     if args.quality < 0:

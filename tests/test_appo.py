@@ -21,6 +21,7 @@ from tests.conftest import (
     run_script,
     same_parameters,
     script_env,
+    torchrun_cmd,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_appo_atari_runs_with_either_backend(tmp_path, backend, env_id):
 @pytest.mark.parametrize(
     "script, flags, fragment",
     [
-        ("appo.py", ["--num-envs", "5"], "--num-envs 5: must be a multiple of WORLD_SIZE x --num-actors = 1 x 2"),
+        ("appo.py", ["--num-envs", "5"], "--num-envs 5: must be a multiple of WORLD_SIZE x --num-actors = 2"),
         ("appo.py", ["--max-policy-lag", "-1"], "--max-policy-lag -1: must be >= 0"),
         ("appo.py", ["--total-timesteps", "100"], "--total-timesteps 100: must be at least one update"),
         ("appo_atari.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari (ALE) environment"),
@@ -290,7 +291,7 @@ def test_appo_resumes_from_its_checkpoint(tmp_path, learners, resumed_by):
     flags += ["--total-timesteps", "1024", "--checkpoint-interval", "512", "--run-name", "r", "--no-progress"]
 
     def launch(n: int) -> list[str]:
-        return [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"] * (n > 1))]
+        return torchrun_cmd(n) if n > 1 else [sys.executable]
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cleanrl_utils.benchmark import device_slots, world_size_of
+from cleanrl_utils.launch import device_slots, world_size_of
 from cleanrl_utils.tb import ScalarReader
 from tests.conftest import REPO, run_script, script_env
 
@@ -93,7 +93,7 @@ def _learning():
 @pytest.mark.quick
 def test_every_command_of_the_gpu_suite_is_accepted_by_its_script():
     """The GPU suite is run on a GPU machine only: its commands must be right the day one is there."""
-    from cleanrl_utils.benchmark import check_script_args, script_of
+    from cleanrl_utils.launch import check_script_args, script_of
 
     learning = _learning()
     jobs = learning.jobs_of("gpu")

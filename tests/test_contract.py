@@ -1,9 +1,10 @@
-"""The contract every script keeps: CleanRL's command lines, the resume rule, device choice, checkpoints
-that cannot lie, and faults that read as one line."""
+"""The contract every script keeps: CleanRL's command lines, bad input as one line and exit 2, the resume
+rule, device choice, checkpoints that cannot lie, and faults that read as one line."""
 
 import importlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import time
 import pytest
 import torch
 
-from cleanrl_utils import distributed, run
+from cleanrl_utils import arguments, distributed
 from cleanrl_utils.checkpoint import CheckpointError, load_checkpoint
 from tests.conftest import (
     REPO,
@@ -22,6 +23,7 @@ from tests.conftest import (
     run_script,
     same_parameters,
     script_env,
+    torchrun_cmd,
 )
 
 ALL = sorted(p.stem for p in SCRIPTS.glob("*.py") if p.name != "__init__.py")
@@ -31,11 +33,9 @@ TORCHRUN = ["ppo_atari_multigpu", "dqn_atari_multigpu", "sac_continuous_action_m
 def parse(script: str, argv: list[str], world_size: int = 1):
     """What the script makes of ``argv`` (CleanRL's spellings included), validated as the script does."""
     module = importlib.import_module(f"cleanrl.{script}")
-    args = run.parse_args(module.Args, world_size, argv)
-    if script in TORCHRUN:
-        module.validate(args, distributed.Ranks(world_size=world_size, local_world_size=world_size))
-    else:
-        module.validate(args)
+    args = arguments.parse_args(module.Args, world_size, argv)
+    module.validate(args, distributed.Ranks(world_size=world_size, local_world_size=world_size))
+    arguments.share_envs(args, world_size)
     return args
 
 
@@ -111,6 +111,91 @@ def test_dqn_target_network_frequency_counts_env_steps(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
+# Bad input: one line naming the value and the rule, exit code 2, and no run directory
+# --------------------------------------------------------------------------------------------
+# (flags, fragment the single error line must contain)
+PPO_RULES = [
+    (["--num-envs", "0"], "--num-envs 0: must be a positive integer"),
+    (["--num-steps", "-4"], "--num-steps -4: must be a positive integer"),
+    (["--update-epochs", "0"], "--update-epochs 0: must be a positive integer"),
+    (["--num-minibatches", "3"], "--num-minibatches 3: must divide the batch size num_envs * num_steps = 256"),
+    (["--total-timesteps", "100"], "--total-timesteps 100: must be at least one iteration"),
+    (["--learning-rate", "0"], "--learning-rate 0.0: must be > 0"),
+    (["--gamma", "1.5"], "--gamma 1.5: must be in (0, 1]"),
+    (["--gae-lambda", "-0.1"], "--gae-lambda -0.1: must be in [0, 1]"),
+    (["--env-timeout", "0"], "--env-timeout 0.0: must be > 0"),
+    (["--checkpoint-interval", "-1"], "--checkpoint-interval -1: must be >= 0"),
+    (["--env-id", "NoSuchEnv-v0"], "--env-id NoSuchEnv-v0: not a registered gymnasium environment"),
+    (["--env-id", "no_such_module:Env-v0"], "--env-id no_such_module:Env-v0: not a registered gymnasium environment"),
+    (["--env-id", "Pendulum-v1"], "--env-id Pendulum-v1: needs a discrete action space"),
+    (["--resume", "does/not/exist"], "--resume does/not/exist: no such file or directory"),
+]
+
+
+def assert_rejected(proc, fragment: str, cwd) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and fragment in errors[0], proc.stderr
+    assert not (cwd / "runs").exists() and not (cwd / "escape").exists()
+
+
+@pytest.mark.parametrize("flags, fragment", PPO_RULES, ids=[" ".join(f) for f, _ in PPO_RULES])
+@pytest.mark.quick
+def test_ppo_rejects_bad_input(tmp_path, flags, fragment):
+    proc = run_script("ppo.py", *flags, cwd=tmp_path, check=False, timeout=120)
+    assert_rejected(proc, fragment, tmp_path)
+
+
+@pytest.mark.quick
+def test_unparseable_flag_exits_2(tmp_path):
+    proc = run_script("ppo.py", "--num-envs", "many", cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode == 2
+    assert "--num-envs" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+OTHER_RULES = [
+    ("ppo_atari.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari (ALE) environment"),
+    ("ppo_atari.py", ["--num-minibatches", "5"], "--num-minibatches 5: must divide the batch size"),
+    ("ppo_atari.py", ["--threads", "0"], "--threads 0: must be a positive integer"),
+    ("ppo_atari.py", ["--cudagraphs", "--compile"], "--cudagraphs: needs --compile and CUDA"),
+    ("ppo_atari_envpool.py", ["--cudagraphs"], "--cudagraphs: needs --compile and CUDA"),
+    ("ppo_atari_envpool.py", ["--env-id", "NoSuchGame-v5"], "--env-id NoSuchGame-v5: not an EnvPool task"),
+    ("ppo_atari_envpool.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari task of EnvPool"),
+    ("ppo_atari_envpool.py", ["--vector-mode", "ale", "--env-id", "NoSuchGame-v5"], "not an Atari game of ale-py"),
+    (
+        "ppo_atari_envpool.py",
+        ["--vector-mode", "ale", "--capture-video"],
+        "--capture-video: not with --vector-mode ale",
+    ),
+    ("ppo_atari_envpool.py", ["--total-timesteps", "512"], "--total-timesteps 512: must be at least one iteration"),
+    (
+        "ppo_continuous_action.py",
+        ["--env-id", "CartPole-v1"],
+        "--env-id CartPole-v1: needs a continuous (Box) action space",
+    ),
+    ("ppo_continuous_action.py", ["--clip-obs", "0"], "--clip-obs 0.0: must be > 0"),
+    ("ppo_continuous_action.py", ["--num-envs", "0"], "--num-envs 0: must be a positive integer"),
+]
+
+
+# the rules every script shares (cleanrl_utils.arguments.check_run), on every script
+OTHER_RULES += [(f"{script}.py", ["--seed", "-1"], "--seed -1: must be in [0, 2**32)") for script in ALL]
+OTHER_RULES += [("dqn.py", ["--track"], "--track: W&B's key is read from WANDB_API_KEY only, and it is not set")]
+OTHER_RULES += [("ppo.py", ["--run-name", "../escape"], "--run-name ../escape: must be a name (or names joined by /)")]
+OTHER_RULES += [("sac_continuous_action.py", ["--run-name", "/tmp/abs"], "--run-name /tmp/abs: must be a name")]
+
+
+@pytest.mark.parametrize("script, flags, fragment", OTHER_RULES, ids=[f"{s} {' '.join(f)}" for s, f, _ in OTHER_RULES])
+@pytest.mark.quick
+def test_other_scripts_reject_bad_input(tmp_path, script, flags, fragment):
+    env = {"WANDB_MODE": "", "WANDB_API_KEY": ""}  # --track with no key: as a new user has it
+    proc = run_script(script, *flags, cwd=tmp_path, check=False, timeout=120, env=env)
+    assert_rejected(proc, fragment, tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
 # The resume rule
 # --------------------------------------------------------------------------------------------
 SMALL_PPO = ["--num-envs", "2", "--num-steps", "32", "--update-epochs", "1", "--num-minibatches", "2"]
@@ -157,6 +242,19 @@ def test_resume_takes_machine_flags_from_the_new_launch_and_may_train_longer(ppo
 
 
 @pytest.mark.quick
+def test_the_speed_flags_are_the_new_launchs(monkeypatch):
+    """--compile, --cudagraphs and --torch-deterministic describe the machine, not the algorithm: a run trained
+    with all three on a GPU resumes on a CPU without them (and --compile may be given again, or not)."""
+    from cleanrl.ppo_atari import Args
+
+    saved = {"args": {**vars(Args()), "compile": True, "cudagraphs": True, "torch_deterministic": False}}
+    args = arguments.resumed_args(arguments.parse_args(Args, 1, ["--resume", "r"]), saved, ["--resume", "r"])
+    assert (args.compile, args.cudagraphs, args.torch_deterministic) == (False, False, True)
+    args = arguments.resumed_args(arguments.parse_args(Args, 1, ["--compile"]), saved, ["--compile"])
+    assert args.compile and not args.cudagraphs
+
+
+@pytest.mark.quick
 def test_resume_cannot_shorten_below_what_was_trained(ppo_run, tmp_path):
     proc = run_script(
         "ppo.py", "--resume", str(ppo_run / "runs/r"), "--total-timesteps", "64", cwd=tmp_path, check=False
@@ -181,6 +279,30 @@ def test_a_run_directory_with_checkpoints_is_not_overwritten(ppo_run):
 
 
 @pytest.mark.quick
+def test_a_second_run_on_a_live_runs_directory_is_refused_and_a_dead_runs_is_taken_over(tmp_path, marker):
+    """One live run per run directory (a lock in it): a second launch with the same --run-name is refused
+    with one line while the first lives, and once it is killed a launch continues its run."""
+    cmd = [sys.executable, str(SCRIPTS / "ppo.py"), "--no-progress", *SMALL_PPO, "--run-name", "r"]
+    first = subprocess.Popen([*cmd, "--total-timesteps", "10000000", "--checkpoint-interval", "64"], cwd=tmp_path,
+                             env=script_env({"CLEANRL_TEST_MARKER": marker}), stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt")):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.1)
+        second = run_script("ppo.py", *SMALL_PPO, "--run-name", "r", "--resume", "runs/r", cwd=tmp_path, check=False)
+        lines = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert second.returncode == 2 and len(lines) == 1 and "Traceback" not in second.stderr, second.stderr
+        assert lines[0] == f"error: runs/r is in use by a live run (pid {first.pid} on {socket.gethostname()}): " \
+            "wait for it to end, or give another --run-name"  # fmt: skip
+    finally:
+        first.kill()
+        first.wait()
+    more = final_checkpoint(tmp_path / "runs/r")["global_step"] + 256
+    third = run_script("ppo.py", "--resume", "runs/r", "--total-timesteps", str(more), cwd=tmp_path)
+    assert f"done: {more:,} steps" in third.stdout
+
+
 def test_a_run_ends_with_one_summary_line(ppo_run, tmp_path):
     proc = run_script("ppo.py", *SMALL_PPO, "--total-timesteps", "128", "--run-name", "s", cwd=tmp_path)
     line = proc.stdout.strip().splitlines()[-1]
@@ -278,7 +400,8 @@ def test_a_full_disk_stops_the_run_with_one_line(small_disk, marker):
     left = sorted(checkpoints.iterdir())
     # the checkpoint or TensorBoard's writer thread meets the full disk first: either names the last good one
     assert re.fullmatch(
-        r"error: writing (checkpoint runs/r/checkpoints/ckpt_\d{8}.pt|the TensorBoard log runs/r) failed \(.+\); "
+        r"error: writing (checkpoint runs/r/checkpoints/ckpt_\d{8}.pt|the TensorBoard log runs/r) failed "
+        r"\(No space left on device\); "
         rf"last good checkpoint: runs/r/checkpoints/{left[-1].name}",
         errors[0],
     ), errors[0]
@@ -308,6 +431,29 @@ def test_a_full_disk_under_the_tensorboard_log_is_one_line_too(small_disk, marke
     ), stderr
 
 
+def test_a_resumed_run_that_meets_a_full_disk_names_the_checkpoint_it_resumed_from(small_disk):
+    base = ["--no-progress", *SMALL_PPO, "--run-name", "r", "--checkpoint-interval", "64"]
+    run_script("ppo.py", *base, "--total-timesteps", "128", cwd=small_disk)
+    _fill(small_disk / "ballast")  # the resumed run's first checkpoint (or log write) meets a full disk
+    proc = run_script("ppo.py", "--no-progress", "--resume", "runs/r", "--total-timesteps", "100000", cwd=small_disk,
+                      check=False, timeout=120)  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert errors[0].endswith("; last good checkpoint: runs/r/checkpoints/ckpt_00000128.pt"), errors
+    assert "(No space left on device)" in errors[0], errors
+
+
+def test_a_run_started_on_a_full_disk_is_one_line_and_leaves_no_run_directory(small_disk):
+    _fill(small_disk / "ballast")
+    proc = run_script("ppo.py", *SMALL_PPO, "--run-name", "r", cwd=small_disk, check=False, timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert [e for e in errors if e.startswith("error:")] == [
+        "error: writing the TensorBoard log runs/r failed (No space left on device); last good checkpoint: none"
+    ], proc.stderr
+    assert not (small_disk / "runs/r").exists()
+
+
 # --------------------------------------------------------------------------------------------
 # Devices, and a rank that stops answering
 # --------------------------------------------------------------------------------------------
@@ -323,9 +469,9 @@ def test_each_local_rank_gets_its_own_gpu(monkeypatch):
         device = distributed.Ranks.from_env().join_process_group(True, None, device_ids, 10.0)
         assert device == torch.device("cuda", expected) and chosen[-1] == device
     assert distributed.Ranks.from_env().join_process_group(False, None, [2, 3], 10.0) == torch.device("cpu")
-    for script in TORCHRUN:  # the APPO learners too: no script picks its device by itself
+    for script in sorted(p.stem for p in SCRIPTS.glob("*.py") if p.stem != "__init__"):  # no script picks its own
         source = (SCRIPTS / f"{script}.py").read_text()
-        assert "ranks, args, run_dir, checkpoint = setup_ranks(Args, validate, __file__)" in source, script
+        assert "args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)" in source, script
         assert 'torch.device("cuda"' not in source, script
 
 
@@ -339,11 +485,14 @@ def test_each_local_rank_gets_its_own_gpu(monkeypatch):
     ],
 )
 def test_device_ids_are_checked(monkeypatch, capsys, device_ids, local_world_size, backend, message):
+    from types import SimpleNamespace
+
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(SystemExit) as e:
-        distributed.check_devices(True, backend, device_ids, local_world_size)
+        distributed.check_devices(SimpleNamespace(cuda=True, backend=backend, device_ids=device_ids), local_world_size)
     assert e.value.code == 2 and capsys.readouterr().err == f"error: {message}\n"
-    distributed.check_devices(True, "gloo", [0, 0], 2)  # gloo may share a GPU
+    distributed.check_devices(SimpleNamespace(cuda=True, backend="gloo", device_ids=[0, 0]), 2)  # gloo may share a GPU
 
 
 class FakeCudaGenerators:
@@ -411,20 +560,17 @@ def test_device_clock_sums_the_timed_regions_until_read(monkeypatch):
     assert clock.read() == 0.25 and clock.read() == 0.0
 
 
-def test_a_rank_that_stops_answering_is_named(tmp_path, marker):
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("ppo_atari_multigpu.py", ["--num-envs", "2", "--num-steps", "32", "--update-epochs", "1"]),
+        ("appo.py", ["--num-actors", "1", "--num-envs", "2", "--num-steps", "16", "--update-epochs", "1"]),
+    ],
+)
+def test_a_rank_that_stops_answering_is_named(tmp_path, marker, script, flags):
     """SIGSTOP on rank 1: after --dist-timeout, one line names it and the last good checkpoint."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += [
-        str(SCRIPTS / "ppo_atari_multigpu.py"),
-        "--no-progress",
-        "--no-cuda",
-        "--num-envs",
-        "2",
-        "--num-steps",
-        "32",
-    ]
-    cmd += ["--update-epochs", "1", "--total-timesteps", "100000", "--checkpoint-interval", "64", "--dist-timeout", "8"]
-    cmd += ["--run-name", "r"]
+    cmd = [*torchrun_cmd(2), str(SCRIPTS / script), "--no-progress", "--no-cuda", *flags]
+    cmd += ["--total-timesteps", "10000000", "--checkpoint-interval", "64", "--dist-timeout", "8", "--run-name", "r"]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=script_env({"CLEANRL_TEST_MARKER": marker}), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -437,7 +583,7 @@ def test_a_rank_that_stops_answering_is_named(tmp_path, marker):
         rank1 = next(
             p
             for p in processes_with_marker(marker)
-            if p.environ().get("RANK") == "1" and "ppo_atari_multigpu" in " ".join(p.cmdline())
+            if p.environ().get("RANK") == "1" and script in " ".join(p.cmdline())
         )
         rank1.send_signal(signal.SIGSTOP)
         out, _ = proc.communicate(timeout=150)

@@ -24,6 +24,7 @@ from tests.conftest import (
     read_scalars,
     same_parameters,
     script_env,
+    torchrun_cmd,
 )
 
 SCRIPT = str(SCRIPTS / "ppo_atari_multigpu.py")
@@ -42,7 +43,7 @@ SMALL = [
 
 
 def torchrun(*args: str, nproc: int = 2, cwd, timeout: float = 240, env=None, extra=()) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *extra, *args]
+    cmd = [*torchrun_cmd(nproc, *extra), *args]
     return subprocess.run(cmd, cwd=cwd, env=script_env(env), capture_output=True, text=True, timeout=timeout)
 
 
@@ -273,7 +274,7 @@ def test_a_restart_whose_rank_0_lacks_the_newest_checkpoint_is_refused(tmp_path,
     """Only rank 0 writes checkpoints, on its own node. A torchrun restart that puts rank 0 on a node without
     them (faked here: the files are moved away while the ranks are stopped, then both are killed) says so in
     one line instead of training the run again from step 0."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+    cmd = torchrun_cmd(2, "--max-restarts=1")
     cmd += [SCRIPT, *SMALL, "--total-timesteps", "2048", "--checkpoint-interval", "256", "--run-name", "r"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=script_env({"CLEANRL_TEST_MARKER": marker}),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -325,7 +326,7 @@ def test_nan_on_one_rank_stops_every_rank(tmp_path):
 def test_ctrl_c_checkpoints_every_rank_at_one_iteration(tmp_path, marker):
     watch = tmp_path / "watch"
     watch.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd = torchrun_cmd(2)
     cmd += [str(REPO / "tests/watch_collectives.py"), SCRIPT]
     cmd += [*SMALL, "--total-timesteps", "100000", "--checkpoint-interval", "0", "--run-name", "r"]
     proc = subprocess.Popen(
@@ -415,7 +416,7 @@ def test_resume_on_another_world_size_continues_every_env(tmp_path):
     every env's state and next observation exactly as saved (env i stays env i); a world size that
     does not divide the envs is refused with one line naming the sizes that work."""
     from cleanrl_utils.checkpoint import content_digest
-    from cleanrl_utils.distributed import _derived
+    from cleanrl_utils.reshard import _derived
 
     checked(torchrun(SCRIPT, *SMALL, "--total-timesteps", "256", "--run-name", "r", cwd=tmp_path))
     saved = final_checkpoint(tmp_path / "runs/r")
@@ -503,3 +504,50 @@ def test_elastic_launch_continues_when_a_node_joins_and_when_one_is_lost(tmp_pat
     assert [s for r in final["ranks"] for s in r["env_seeds"]] == [1, 2, 3, 4]
     time.sleep(0.5)
     assert processes_with_marker(marker) == []
+
+
+@pytest.mark.quick
+def test_reshard_keeps_every_env_where_it_was_and_derives_new_ranks_generators():
+    """The elastic re-split without torchrun: 2 ranks x 2 envs saved, re-split for 1 and 4 ranks. Env i stays
+    env i (its snapshot, wrapper rows, next observation, done flag, seed and replay ring); ranks that existed
+    keep their generators, new ones get their own; 3 ranks do not divide 4 envs and are refused."""
+    from cleanrl_utils.checkpoint import CheckpointError, decode, encode, rng_state
+    from cleanrl_utils.reshard import reshard
+
+    def part(rank: int) -> dict:
+        envs = [2 * rank, 2 * rank + 1]  # rank-major global env indices
+        torch.manual_seed(rank)
+        return {
+            "next_obs": torch.tensor([[float(e)] for e in envs]),
+            "next_done": torch.tensor([e % 2 == 1 for e in envs]),
+            "env_seeds": [100 + e for e in envs],
+            "envs": {"envs": [f"env{e}" for e in envs], "wrappers": [{"returns": encode(np.array([10.0 * e for e in envs])),
+                                                                        "episodes": encode(np.int64(rank))}]},
+            "replay": {"frames": torch.tensor([[e * 1000 + t for e in envs] for t in range(3)]), "steps": 3,
+                       "rng": np.random.default_rng(rank).bit_generator.state},
+            "rng": rng_state(),
+            "parameters_sha256": "one model",
+        }  # fmt: skip
+
+    saved = [part(0), part(1)]
+    (one,) = reshard(saved, 1)
+    assert one["next_obs"].flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert one["next_done"].tolist() == [False, True, False, True] and one["env_seeds"] == [100, 101, 102, 103]
+    assert one["envs"]["envs"] == ["env0", "env1", "env2", "env3"]
+    assert decode(one["envs"]["wrappers"][0]["returns"]).tolist() == [0.0, 10.0, 20.0, 30.0]
+    assert one["replay"]["frames"].tolist() == [[t, 1000 + t, 2000 + t, 3000 + t] for t in range(3)]
+    assert torch.equal(one["rng"]["torch"], saved[0]["rng"]["torch"]) and one["parameters_sha256"] == "one model"
+    four = reshard(saved, 4)
+    assert [p["env_seeds"] for p in four] == [[100], [101], [102], [103]]
+    assert [p["envs"]["envs"] for p in four] == [["env0"], ["env1"], ["env2"], ["env3"]]
+    assert [p["replay"]["frames"].flatten().tolist() for p in four] == [
+        [e * 1000 + t for t in range(3)] for e in range(4)
+    ]
+    torch_states = [p["rng"]["torch"] for p in four]
+    assert torch.equal(torch_states[1], saved[1]["rng"]["torch"])  # rank 1 existed: its own generators
+    assert all(not torch.equal(torch_states[i], torch_states[j]) for i in range(4) for j in range(i))  # no two alike
+    assert torch.equal(reshard(saved, 4)[3]["rng"]["torch"], torch_states[3])  # derived deterministically
+    with pytest.raises(
+        CheckpointError, match="4 envs in all .saved by 2 processes. do not split among 3 processes; resume on 1, 2, 4"
+    ):
+        reshard(saved, 3)

@@ -1,6 +1,7 @@
 """Faults: failing env workers and unusable checkpoints end the run cleanly and say why."""
 
 import pickle
+import re
 import time
 import zipfile
 from pathlib import Path
@@ -154,6 +155,23 @@ def test_dqn_reads_the_nan_record_lazily_yet_never_checkpoints_a_non_finite_mode
     assert [p.name for p in checkpoints] == ["ckpt_00000128.pt", "ckpt_00000192.pt"]
     for path in checkpoints:
         assert all(torch.isfinite(v).all() for v in load_checkpoint(path)["model"].values())
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "sac_continuous_action_multigpu.py"])
+def test_sac_stops_on_an_infinite_gradient_whose_loss_is_finite(tmp_path, script):
+    """The guard reads the gradients' norm, not the loss: backward passes from the 300th on get an infinite
+    gradient while every loss stays finite; the run stops with one line, and its checkpoints are finite."""
+    flags = ["--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "32", "--no-cuda"]
+    flags += ["--total-timesteps", "2000", "--checkpoint-interval", "300", "--run-name", "r"]
+    proc = run_script(script, *flags, cwd=tmp_path, env={"INF_GRAD_AFTER": "300"}, check=False,
+                      launcher=REPO / "tests/inject_inf_grad.py")  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    assert re.fullmatch(r"error: non-finite gradient norm at step \d+; last good checkpoint: runs/r/checkpoints/"
+                        r"ckpt_\d{8}.pt", errors[0]), errors  # fmt: skip
+    for path in sorted((tmp_path / "runs/r/checkpoints").glob("ckpt_*.pt")):
+        saved = load_checkpoint(path)
+        assert all(torch.isfinite(v).all() for key in ("actor", "qf1", "qf2") for v in saved[key].values()), path
 
 
 @pytest.mark.quick

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 
-from cleanrl_utils import distributed, run
+from cleanrl_utils import arguments, distributed
 from cleanrl_utils.tb import ScalarReader, Series
 from tests.conftest import REPO, SCRIPTS, processes_with_marker, script_env
 
@@ -45,27 +45,27 @@ def test_every_command_of_the_check_trains_on_cuda(gpu_check, monkeypatch):
         argv = cmd[cmd.index(path) + 1 :]
         assert (cmd[1:3] == ["-m", "torch.distributed.run"]) == torchrun, cmd
         module = importlib.import_module(f"cleanrl.{script.removesuffix('.py')}")
-        args = run.parse_args(module.Args, 1, argv)
+        args = arguments.parse_args(module.Args, 1, argv)
+        module.validate(args, distributed.Ranks(world_size=1, local_world_size=1, distributed=torchrun))
+        device = distributed.select_device(
+            args.cuda and torch.cuda.is_available(), 0, getattr(args, "device_ids", None)
+        )
+        assert device == torch.device("cuda", 0), script
         if torchrun:
-            ranks = distributed.Ranks(world_size=1, local_world_size=1, distributed=True)
-            module.validate(args, ranks)
             assert args.backend == "nccl", script
-            device = distributed.select_device(args.cuda and torch.cuda.is_available(), 0, args.device_ids)
-            assert device == torch.device("cuda", 0), script
-        else:
-            module.validate(args)
         assert args.cuda, f"{script}: the check would run it on the CPU ({' '.join(argv)})"
         seen.add(script)
     assert len(seen) == 12
 
 
 def test_a_run_that_times_out_leaves_no_process_behind(gpu_check, tmp_path, marker):
-    """torchrun's workers, actors and env workers are children of the run: its whole process group goes."""
-    code = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    """torchrun starts each worker in a session of its own (as the child here): on a timeout the run's whole
+    process tree goes, within seconds, and no orphan keeps the check waiting on its output."""
+    code = "import subprocess, time; subprocess.Popen(['sleep', '60'], start_new_session=True); time.sleep(60)"
     env = script_env({"CLEANRL_TEST_MARKER": marker})
     start = time.monotonic()
     exit_code, wall, _, tail = gpu_check.run([sys.executable, "-c", code], tmp_path, env, timeout=3)
-    assert exit_code == 124 and "timed out after 3s" in tail and time.monotonic() - start < 30
+    assert exit_code == 124 and "timed out after 3s" in tail and time.monotonic() - start < 15
     deadline = time.monotonic() + 10
     while processes_with_marker(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -81,3 +81,13 @@ def test_sps_leaves_the_first_iteration_out(gpu_check):
     assert gpu_check.sps_after_first(reader) == pytest.approx(1024.0)
     reader.series["charts/SPS"] = Series(steps=[1024], values=[34], wall_times=[1030.0])
     assert gpu_check.sps_after_first(reader) != gpu_check.sps_after_first(reader)  # NaN: one point says nothing
+
+
+def test_the_rows_the_target_needs_run_first(gpu_check, monkeypatch):
+    """A check cut short by its time budget still has the rows that say whether 12,000 SPS is reached."""
+    monkeypatch.setattr(gpu_check, "HAVE_ENVPOOL", True)
+    names = [name for name, *_ in gpu_check.throughput_runs(quick=False)]
+    assert names[:2] == [
+        "ppo_atari_envpool.py, 64 envs --no-torch-deterministic",
+        "ppo_atari_envpool.py, 64 envs --no-torch-deterministic --compile --cudagraphs",
+    ], names

@@ -4,8 +4,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import SCRIPTS, read_scalars, script_env
+
+pytestmark = pytest.mark.slow  # a real step budget: minutes of training (README: Test)
 
 
 def _last_mean_returns(script: str, extra: list[str], seeds: list[int], tmp_path, window: int = 20) -> list[float]:

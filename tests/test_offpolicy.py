@@ -21,6 +21,7 @@ from tests.conftest import (
     run_script,
     same_parameters,
     script_env,
+    torchrun_cmd,
 )
 
 SMALL_DQN = ["--learning-starts", "200", "--train-frequency", "16", "--gradient-steps", "4", "--batch-size", "32"]
@@ -148,7 +149,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, script, flags, fragment):
 def torchrun(
     *args: str, cwd, timeout: float = 300, env=None, check: bool = True, nproc: int = 2
 ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    cmd = [*torchrun_cmd(nproc), *args]
     proc = subprocess.run(cmd, cwd=cwd, env=script_env(env), capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -227,7 +228,7 @@ def test_nan_on_one_rank_stops_every_rank(tmp_path):
 
 
 def test_ctrl_c_checkpoints_every_rank_with_its_shard(tmp_path, marker):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd = torchrun_cmd(2)
     cmd += [str(SCRIPTS / "sac_continuous_action_multigpu.py"), *MULTI["sac_continuous_action_multigpu.py"][0]]
     cmd += ["--total-timesteps", "1000000", "--checkpoint-buffer", "--no-progress", "--run-name", "r"]
     env = script_env({"CLEANRL_TEST_MARKER": marker})

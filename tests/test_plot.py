@@ -135,3 +135,30 @@ def test_speedup_only_between_runs_that_compare():
     assert rows[("dqn", 1)]["speedup"] == 1.0
     rows = plot.throughput_table(runs, "sac")  # a baseline that did not run there: nothing to compare
     assert all(row["speedup"] is None for row in rows)
+
+
+def test_runs_with_other_settings_are_not_pooled_and_a_seed_run_twice_is_one_seed(tmp_path):
+    """A 1,000-step run and three 300-step tuner trials with other values, all seed 1, and one seed run
+    twice: each setting is its own group, named by what differs, counted by its distinct seeds."""
+    runs = [(1.0, 1000, 1, "long"), (0.3, 300, 1, "t0"), (0.5, 300, 1, "t1"), (0.7, 300, 1, "t2"), (0.7, 300, 1, "t2b")]
+    procs = []
+    for quality, total, seed, name in runs:
+        cmd = [sys.executable, FAKE, "--exp-name", "ppo", "--env-id", "CartPole-v1", "--seed", str(seed)]
+        cmd += ["--quality", str(quality), "--total-timesteps", str(total), "--step-time", "0", "--run-name", name]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=script_env()))
+    assert all(p.wait() == 0 for p in procs)
+    assert plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--last", "2"]) == 0
+    final = {r["script"]: r for r in read_csv(tmp_path / "out" / "final_returns.csv")}
+    assert sorted(final) == [
+        "ppo [quality=0.3, total_timesteps=300]",
+        "ppo [quality=0.5, total_timesteps=300]",
+        "ppo [quality=0.7, total_timesteps=300]",
+        "ppo [quality=1.0, total_timesteps=1000]",
+    ]
+    assert [(r["seeds"], r["runs"]) for _, r in sorted(final.items())] == [
+        ("1", "1"),
+        ("1", "1"),
+        ("1", "2"),
+        ("1", "1"),
+    ]
+    assert int(final["ppo [quality=1.0, total_timesteps=1000]"]["steps"]) == 1000  # not cut at the trials' 300

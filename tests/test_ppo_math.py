@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-from cleanrl.appo import ppo_loss
 from cleanrl.ppo import compute_gae
 
 pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
@@ -46,31 +45,74 @@ def test_gae_lambda_one_is_discounted_return_minus_value():
     assert advantages[0, 0] == pytest.approx(1.9375 + 0.3125)
 
 
+class FixedPolicy:
+    """Stands in for a script's Agent in minibatch_loss: evaluate() returns the given log-probs and values."""
+
+    def __init__(self, newlogprob, newvalue, entropy=None):
+        self.out = (newlogprob, torch.zeros_like(newlogprob) if entropy is None else entropy, newvalue)
+
+    def evaluate(self, obs, actions):
+        return self.out
+
+
+def _loss(newlogprob, oldlogprob, adv, newvalue, oldvalue, returns, clip_vloss=True, weights=None):
+    """minibatch_loss (the PPO family's) on one minibatch of hand-made rows; returns its statistics."""
+    from cleanrl.ppo import minibatch_loss
+
+    n = len(adv)
+    w = torch.ones(n) if weights is None else weights
+    mb = {"obs": torch.zeros(n, 1), "actions": torch.zeros(n), "logprobs": oldlogprob, "advantages": adv,
+          "values": oldvalue, "returns": returns, "weights": w / w.sum()}  # fmt: skip
+    coefs = {"clip_coef": 0.2, "clip_vloss": clip_vloss, "ent_coef": 0.0, "vf_coef": 0.5}
+    return minibatch_loss(FixedPolicy(newlogprob, newvalue), mb, **coefs)[1]
+
+
 def test_ppo_loss_at_ratio_one_is_minus_mean_advantage():
     adv = torch.tensor([1.0, -2.0, 3.0])
     logp = torch.tensor([-0.1, -0.2, -0.3])
     value = torch.tensor([1.0, 2.0, 3.0])
-    pg, v = ppo_loss(logp, logp, adv, value, value, value + 2.0, 0.2, clip_vloss=True)
-    assert pg.item() == pytest.approx(-2.0 / 3.0)
-    assert v.item() == pytest.approx(0.5 * 4.0)
+    stats = _loss(logp, logp, adv, value, value, value + 2.0)
+    assert stats["policy_loss"].item() == pytest.approx(-2.0 / 3.0)
+    assert stats["value_loss"].item() == pytest.approx(0.5 * 4.0)
+    assert stats["approx_kl"].item() == 0.0 and stats["clipfrac"].item() == 0.0
 
 
 def test_ppo_loss_clipping():
     old = torch.zeros(4)
     new = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5]))
     adv = torch.tensor([2.0, -2.0, 2.0, -2.0])
-    pg, _ = ppo_loss(new, old, adv, torch.zeros(4), torch.zeros(4), torch.zeros(4), 0.2, clip_vloss=False)
+    stats = _loss(new, old, adv, torch.zeros(4), torch.zeros(4), torch.zeros(4), clip_vloss=False)
     # ratio 1.5, A>0: clipped to 1.2 -> -2.4;  ratio 1.5, A<0: unclipped -> +3.0
     # ratio 0.5, A>0: unclipped -> -1.0;       ratio 0.5, A<0: clipped to 0.8 -> +1.6
-    assert pg.item() == pytest.approx((-2.4 + 3.0 - 1.0 + 1.6) / 4)
+    assert stats["policy_loss"].item() == pytest.approx((-2.4 + 3.0 - 1.0 + 1.6) / 4)
+    assert stats["clipfrac"].item() == 1.0  # every ratio is 0.5 away from 1
 
 
 def test_value_loss_clipping():
     old, new, ret = torch.tensor([1.0]), torch.tensor([2.0]), torch.tensor([3.0])
-    _, clipped = ppo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), new, old, ret, 0.2, clip_vloss=True)
-    _, plain = ppo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), new, old, ret, 0.2, clip_vloss=False)
+    zero = torch.zeros(1)
+    clipped = _loss(zero, zero, zero, new, old, ret, clip_vloss=True)["value_loss"]
+    plain = _loss(zero, zero, zero, new, old, ret, clip_vloss=False)["value_loss"]
     assert clipped.item() == pytest.approx(0.5 * (1.2 - 3.0) ** 2)  # the clipped value is further off
     assert plain.item() == pytest.approx(0.5 * 1.0)
+
+
+def test_a_reset_step_weighs_nothing():
+    """A row that weighs 0 (a step that only reset its env) moves no mean, whatever it holds."""
+    adv, logp, value = torch.tensor([1.0, -2.0, 500.0]), torch.tensor([-0.1, -0.2, -9.0]), torch.tensor([1.0, 2.0, 7.0])
+    stats = _loss(logp, logp, adv, value, value, value + 2.0, weights=torch.tensor([1.0, 1.0, 0.0]))
+    assert stats["policy_loss"].item() == pytest.approx(0.5)
+    assert stats["value_loss"].item() == pytest.approx(0.5 * 4.0)
+
+
+def _reference_ppo_loss(newlogprob, oldlogprob, advantages, newvalue, oldvalue, returns, clip_coef, clip_vloss):
+    """The clipped surrogate and value losses as ppo.py computed them before fixed-size minibatches."""
+    ratio = (newlogprob - oldlogprob).exp()
+    pg_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+    if clip_vloss:
+        v_clipped = oldvalue + (newvalue - oldvalue).clamp(-clip_coef, clip_coef)
+        return pg_loss, 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    return pg_loss, 0.5 * ((newvalue - returns) ** 2).mean()
 
 
 COEFS = {"clip_coef": 0.1, "clip_vloss": True, "ent_coef": 0.01, "vf_coef": 0.5}
@@ -89,7 +131,7 @@ def _old_update_loss(agent, mb, *, norm_adv, clip_coef, clip_vloss, ent_coef, vf
     adv = sel["advantages"]
     if norm_adv and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss, v_loss = ppo_loss(newlogprob, sel["logprobs"], adv, newvalue, sel["values"], sel["returns"], clip_coef,
+    pg_loss, v_loss = _reference_ppo_loss(newlogprob, sel["logprobs"], adv, newvalue, sel["values"], sel["returns"], clip_coef,
                                clip_vloss)  # fmt: skip
     entropy_loss = entropy.mean()
     stats = [pg_loss, v_loss, entropy_loss, (-logratio).mean(), ((ratio - 1) - logratio).mean()]

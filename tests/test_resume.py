@@ -139,11 +139,11 @@ def test_a_single_process_run_checkpoints_at_least_every_few_minutes():
 
     from cleanrl_utils.run import CHECKPOINT_SECONDS, Run
 
-    def due(saved_ago: float, interval: int = 500_000, ranks=None) -> bool:
-        run = SimpleNamespace(args=SimpleNamespace(checkpoint_interval=interval), ranks=ranks,
-                              saved_at=time.perf_counter() - saved_ago)  # fmt: skip
+    def due(saved_ago: float, interval: int = 500_000, torchrun: bool = False) -> bool:
+        run = SimpleNamespace(args=SimpleNamespace(checkpoint_interval=interval), saved_at=time.perf_counter() - saved_ago,
+                              ranks=SimpleNamespace(distributed=torchrun))  # fmt: skip
         return Run.checkpoint_due(run, 1024, 8, False, None)
 
     assert not due(CHECKPOINT_SECONDS - 5) and due(CHECKPOINT_SECONDS + 1)
-    assert not due(CHECKPOINT_SECONDS + 1, interval=0) and not due(CHECKPOINT_SECONDS + 1, ranks=object())
+    assert not due(CHECKPOINT_SECONDS + 1, interval=0) and not due(CHECKPOINT_SECONDS + 1, torchrun=True)
     assert due(0, interval=1024)  # the step interval still applies

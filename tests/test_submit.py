@@ -34,8 +34,8 @@ def free_port() -> int:
 
 def rank_digests_agree(checkpoint_path: Path) -> None:
     """Every rank's parameters at the final checkpoint hash the same, and equal the saved model."""
-    from cleanrl_utils.benchmark import load_script
     from cleanrl_utils.distributed import parameters_digest
+    from cleanrl_utils.launch import load_script
 
     checkpoint = torch.load(checkpoint_path, weights_only=True)
     digests = {part["parameters_sha256"] for part in checkpoint["ranks"]}
@@ -190,6 +190,25 @@ def test_bad_input_exits_2_and_submits_nothing(tmp_path, monkeypatch, capsys, ar
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.quick
+def test_a_second_slurm_submission_of_one_job_name_is_refused_before_sbatch(tmp_path, monkeypatch, capsys):
+    """runs/<job-name>/... holds the first submission's checkpoints: a second one (here with a changed flag)
+    would fail in every task on them, or "finish" in 0 s; it is refused before anything is submitted."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: had anything been submitted, this would fail differently
+    ckpt = tmp_path / "runs/cleanrl/CartPole-v1__ppo__2/checkpoints/ckpt_00001024.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"a checkpoint of the first submission")
+    grid = ["--command", f"python {PPO} --learning-rate 0.0003", "--env-ids", "CartPole-v1", "--num-seeds", "2"]
+    assert submit_exp.main(["--submit", *grid]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --job-name cleanrl: runs/cleanrl/CartPole-v1__ppo__2 (and 0 more) holds checkpoints of an "
+                   "earlier submission: give another --job-name, or --continue-runs to continue them\n")  # fmt: skip
+    assert submit_exp.main([*grid, "--job-name", "second"]) == 0  # a fresh name: its own directories
+    assert submit_exp.main([*grid, "--continue-runs"]) == 0  # or on purpose: the tasks resume them
+    assert "runs=(cleanrl/CartPole-v1__ppo__1 cleanrl/CartPole-v1__ppo__2)" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def test_reference_scores():
 @pytest.mark.quick
 def test_shipped_spaces_name_real_flags():
     """Every key of every shipped search space is a flag of its script (a typo would fail every trial)."""
-    from cleanrl_utils.benchmark import load_script
+    from cleanrl_utils.launch import load_script
 
     for script, space in tuner.SPACES.items():
         fields = {f.replace("_", "-") for f in load_script(REPO / script).Args.__dataclass_fields__}
@@ -200,7 +200,7 @@ def postgres():
         f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
     )
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"  # the form --help and README give
     finally:
         as_user(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
         shutil.rmtree(root, ignore_errors=True)
@@ -218,6 +218,35 @@ def test_postgresql_study_two_workers(tmp_path, postgres):
     assert len(states["COMPLETE"]) == 4 and set(states) == {"COMPLETE"}, states.keys()
     for t in states["COMPLETE"]:  # last return of seed 1: 500 q + 0.01, normalised by CartPole's 0..500
         assert t.value == pytest.approx(float(np.float32(500 * t.params["quality"] + 0.01)) / 500, rel=1e-6)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # free again once closed: nothing listens there
+
+
+@pytest.mark.parametrize(
+    "storage, content",
+    [
+        ("postgresql://postgres@127.0.0.1:{port}/postgres", None),
+        ("sqlite:///not-a-db.sqlite", b"this is not an SQLite database" * 100),
+        ("journal.log", b"{not json\n"),
+    ],
+    ids=["closed port", "not a database", "garbled journal"],
+)
+def test_a_storage_that_cannot_be_used_is_one_line_and_leaves_no_directory(tmp_path, storage, content):
+    storage = storage.format(port=_closed_port())
+    if content is not None:
+        (tmp_path / storage.removeprefix("sqlite:///")).write_bytes(content)
+    proc = run_tuner(tmp_path, "--script", FAKE, "--env-ids", "CartPole-v1", "--storage", storage,
+                     "--study-name", "broken", "--num-trials", "1", timeout=120)  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: --storage {storage}: "), lines
+    assert not (tmp_path / "runs" / "broken").exists()
 
 
 def wait_for(condition, what: str, timeout: float = 120.0, every: float = 0.05):
@@ -603,3 +632,42 @@ def test_ctrl_c_checkpoints_the_runs_and_the_same_command_resumes_the_trial(tmp_
     assert [t.state.name for t in lineages(study).values()] == ["COMPLETE", "COMPLETE"]
     step = int(saved[-1].stem.split("_")[1])
     assert lineages(study)[0].user_attrs["resumed_from"] == {"i/t0000/CartPole-v1__1": step} and step > 0
+
+
+def test_a_seeded_study_run_again_draws_new_parameters_for_each_new_trial(tmp_path):
+    """--sampler-seed seeds each trial's draw from the seed and the trial's number: the same command run
+    again (or a worker that replaces a lost one) tries a new configuration, never trial 0's again."""
+    space = write_space(tmp_path / "space.json", {"quality": {"low": 0.1, "high": 1.0}, "total-timesteps": 300})
+    base = ("--script", FAKE, "--env-ids", "CartPole-v1", "--space", space, "--study-name", "seeded")
+    base += ("--sampler", "random", "--sampler-seed", "5", "--pruner", "none", "--metric-last-n-average-window", "1")
+    first = run_tuner(tmp_path, *base, "--num-trials", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = run_tuner(tmp_path, *base, "--num-trials", "2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    done = trials_by_state(load(f"sqlite:///{tmp_path}/runs/seeded/optuna.db", "seeded"))
+    qualities = [t.params["quality"] for t in sorted(done["COMPLETE"], key=lambda t: t.number)]
+    assert len(qualities) == 2 and qualities[0] != qualities[1], qualities
+    (tmp_path / "other").mkdir()
+    other = run_tuner(tmp_path / "other", *base, "--num-trials", "1")
+    assert other.returncode == 0, other.stdout + other.stderr
+    replay = trials_by_state(load(f"sqlite:///{tmp_path}/other/runs/seeded/optuna.db", "seeded"))["COMPLETE"]
+    assert replay[0].params["quality"] == qualities[0]  # seeded: the same study started anew draws the same trial 0
+
+
+@pytest.mark.quick
+def test_a_recorded_run_group_is_signalled_only_while_its_leader_is_the_process_recorded():
+    """A dead worker's state file names its runs' process groups with each leader's start time: a group
+    whose id an unrelated process holds now (a pid reused after a killed tuner) is left alone."""
+    from cleanrl_utils.tuner_worker import started, stop_recorded_groups
+
+    def group() -> subprocess.Popen:
+        return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+    stranger, ours = group(), group()
+    try:
+        stop_recorded_groups([[stranger.pid, started(stranger.pid) - 5.0], [ours.pid, started(ours.pid)]])
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        assert stranger.poll() is None  # not the process that was recorded: still alive
+    finally:
+        stranger.kill()
+        ours.kill()
