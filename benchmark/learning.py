@@ -36,6 +36,10 @@ from cleanrl_utils import benchmark as runner  # noqa: E402
 
 LAST = 100  # episodes per run in its final score (CleanRL's tables: openrlbenchmark's default window)
 TORCHRUN = "torchrun --standalone --nproc_per_node 2"
+# CleanRL's dqn.py CartPole settings (its network is 120-84, ours 256-256; ours clips gradients at norm 10)
+DQN_CLEANRL = ("--learning-rate 2.5e-4 --buffer-size 10000 --target-network-frequency 500 --batch-size 128 "
+               "--end-e 0.05 --exploration-fraction 0.5 --learning-starts 10000 --train-frequency 10 "
+               "--gradient-steps 1 --no-double-q --no-huber-loss")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ SUITES: dict[str, list[Row]] = {
         row("ppo", "python cleanrl/ppo.py", ["CartPole-v1", "Acrobot-v1"], 500_000, 3,
             [("CartPole-v1", 490.04, 6.12, ""), ("Acrobot-v1", -86.36, 1.32, "")]),
         row("dqn", "python cleanrl/dqn.py", ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
+        row("dqn_cleanrl_settings", f"python cleanrl/dqn.py --exp-name dqn_cleanrl_settings {DQN_CLEANRL}",
+            ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
         row("appo", "python cleanrl/appo.py", ["CartPole-v1"], 500_000, 3),
     ],
     "mujoco": [

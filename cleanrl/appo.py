@@ -38,7 +38,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -141,6 +141,11 @@ class Args:
     """GPU of each local rank (local rank i uses device_ids[i]); None: GPU i for local rank i"""
     dist_timeout: float = 600.0
     """seconds a collective may wait for the other ranks before the run fails"""
+
+    # what --resume may change (population-based training mutates these); any other change is refused
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("learning_rate", "ent_coef", "vf_coef", "clip_coef",
+                                            "max_grad_norm", "gamma", "gae_lambda",
+                                            "update_epochs")  # fmt: skip
 
 
 def validate(args: Args, ranks: Ranks) -> None:
@@ -419,9 +424,8 @@ def main() -> None:
     dropped = 0
     try:
         for update in range(start_update, num_updates + 1):
-            if args.anneal_lr:
-                frac = 1.0 - (update - 1.0) / num_updates
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            frac = 1.0 - (update - 1.0) / num_updates if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate  # from args: a resume may change it
 
             # COLLECT: the next num_actors rollouts that are recent enough.
             wait_start = time.perf_counter()

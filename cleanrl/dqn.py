@@ -32,6 +32,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -42,7 +43,7 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
 from cleanrl_utils.buffers import ReplayBuffer, to_device
-from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.checkpoint import load_optimizer, rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks
 from cleanrl_utils.envs import (
     EnvSnapshot,
@@ -128,6 +129,9 @@ class Args:
     """if toggled, Double DQN: the online network picks the next action, the target network values it"""
     huber_loss: bool = True
     """if toggled, the Huber (smooth L1) TD loss; --no-huber-loss for CleanRL's squared error"""
+
+    # what --resume may change (population-based training mutates these); any other change is refused
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("learning_rate", "gamma", "max_grad_norm")
 
 
 def validate(args: Args, ranks: Ranks) -> None:
@@ -258,7 +262,7 @@ def main() -> None:
     if checkpoint is not None:
         q_network.load_state_dict(checkpoint["model"])
         target_network.load_state_dict(checkpoint["target"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        load_optimizer(optimizer, checkpoint["optimizer"], args.learning_rate)
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()

@@ -49,7 +49,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import ale_py
 import gymnasium as gym
@@ -64,7 +64,7 @@ from gymnasium.vector import AutoresetMode
 from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
 from cleanrl_utils.atari_wrappers import wrap_atari
 from cleanrl_utils.buffers import ReplayBuffer, to_device
-from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.checkpoint import load_optimizer, rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
 from cleanrl_utils.envs import (
     EnvSnapshot,
@@ -162,6 +162,9 @@ class Args:
     """seconds a collective may wait for the other ranks before the run fails"""
     grad_compression: Literal["none", "fp16", "bf16"] = "none"
     """precision of the flat gradient buffer on the wire (averaged and applied in fp32)"""
+
+    # what --resume may change (population-based training mutates these); any other change is refused
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("learning_rate", "gamma", "max_grad_norm")
 
 
 def validate(args: Args, ranks: Ranks) -> None:
@@ -357,7 +360,7 @@ def main() -> None:
     if checkpoint is not None:
         q_network.load_state_dict(checkpoint["model"])
         target_network.load_state_dict(checkpoint["target"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        load_optimizer(optimizer, checkpoint["optimizer"], args.learning_rate)
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
         next_obs, next_done = checkpoint["next_obs"].numpy(), checkpoint["next_done"].numpy()

@@ -28,7 +28,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import ale_py
 import gymnasium as gym
@@ -128,6 +128,11 @@ class Args:
     """the maximum norm of the gradient"""
     target_kl: float | None = None
     """stop the epochs of an update early once the approximate KL exceeds this"""
+
+    # what --resume may change (population-based training mutates these); any other change is refused
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("learning_rate", "ent_coef", "vf_coef", "clip_coef",
+                                            "max_grad_norm", "gamma", "gae_lambda",
+                                            "update_epochs", "target_kl")  # fmt: skip
 
 
 def validate(args: Args, ranks: Ranks) -> None:
@@ -333,9 +338,8 @@ def main() -> None:
     writer = run.writer
     try:
         for iteration in range(start_iteration, num_iterations + 1):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate  # from args: a resume may change it
             env_time = inference_time = 0.0
 
             # ROLLOUT

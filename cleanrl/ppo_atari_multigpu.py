@@ -47,7 +47,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import ale_py
 import gymnasium as gym
@@ -165,6 +165,11 @@ class Args:
     """1: average gradients every step; K > 1: local SGD, average parameters every K optimizer steps"""
     scale_lr: bool = False
     """if toggled, multiply the learning rate by the number of processes"""
+
+    # what --resume may change (population-based training mutates these); any other change is refused
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("learning_rate", "ent_coef", "vf_coef", "clip_coef",
+                                            "max_grad_norm", "gamma", "gae_lambda",
+                                            "update_epochs", "target_kl")  # fmt: skip
 
 
 def validate(args: Args, ranks: Ranks) -> None:
@@ -414,9 +419,8 @@ def main() -> None:
     comm_clock = DeviceClock(device)  # CUDA events: an NCCL call returns before its work is done
     try:
         for iteration in range(start_iteration, num_iterations + 1):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = frac * learning_rate
+            frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = frac * learning_rate  # from args: a resume may change it
             env_time = inference_time = 0.0
             episodes, local_steps = [], 0  # local_steps: optimizer steps since the last parameter average
 

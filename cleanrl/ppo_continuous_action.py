@@ -28,7 +28,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -130,6 +130,11 @@ class Args:
     """normalised observations are clipped to [-clip_obs, clip_obs]"""
     clip_reward: float = 10.0
     """normalised rewards are clipped to [-clip_reward, clip_reward]"""
+
+    # what --resume may change (population-based training mutates these); any other change is refused
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("learning_rate", "ent_coef", "vf_coef", "clip_coef",
+                                            "max_grad_norm", "gamma", "gae_lambda",
+                                            "update_epochs", "target_kl")  # fmt: skip
 
 
 def validate(args: Args, ranks: Ranks) -> None:
@@ -346,9 +351,8 @@ def main() -> None:
     writer = run.writer
     try:
         for iteration in range(start_iteration, num_iterations + 1):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            frac = 1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate  # from args: a resume may change it
             env_time = inference_time = 0.0
 
             # ROLLOUT

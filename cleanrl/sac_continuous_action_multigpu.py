@@ -46,7 +46,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -58,7 +58,7 @@ from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
 from cleanrl_utils.buffers import ReplayBuffer
-from cleanrl_utils.checkpoint import rng_state, set_rng_state
+from cleanrl_utils.checkpoint import load_optimizer, rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks, check_devices, log_rank_stats, parameters_digest
 from cleanrl_utils.envs import (
     EnvSnapshot,
@@ -148,6 +148,9 @@ class Args:
     """seconds a collective may wait for the other ranks before the run fails"""
     grad_compression: Literal["none", "fp16", "bf16"] = "none"
     """precision of the flat gradient buffer on the wire (averaged and applied in fp32)"""
+
+    # what --resume may change (population-based training mutates these); any other change is refused
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("policy_lr", "q_lr", "gamma", "tau")
 
 
 def validate(args: Args, ranks: Ranks) -> None:
@@ -401,9 +404,9 @@ def main() -> None:
         actor.load_state_dict(checkpoint["actor"])
         for net, key in ((qf1, "qf1"), (qf2, "qf2"), (qf1_target, "qf1_target"), (qf2_target, "qf2_target")):
             net.load_state_dict(checkpoint[key])
-        q_optimizer.load_state_dict(checkpoint["q_optimizer"])
-        actor_optimizer.load_state_dict(checkpoint["actor_optimizer"])
-        a_optimizer.load_state_dict(checkpoint["a_optimizer"])
+        load_optimizer(q_optimizer, checkpoint["q_optimizer"], args.q_lr)
+        load_optimizer(actor_optimizer, checkpoint["actor_optimizer"], args.policy_lr)
+        load_optimizer(a_optimizer, checkpoint["a_optimizer"], args.policy_lr)
         with torch.no_grad():
             log_alpha.copy_(checkpoint["log_alpha"])
         alpha = log_alpha.detach().exp() if args.autotune else args.alpha

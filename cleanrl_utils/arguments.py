@@ -191,7 +191,8 @@ def share_envs(args: Any, world_size: int) -> None:
 
 
 def resumed_args(args: T, checkpoint: dict[str, Any], argv: list[str] | None = None) -> T:
-    """Apply the resume rule: the checkpoint's settings, the new launch's ``LAUNCH_FLAGS``; refuse changes."""
+    """Apply the resume rule: the checkpoint's settings, the new launch's ``LAUNCH_FLAGS``, the new values of the
+    settings the script's ``Args.RESUMABLE`` allows to change (one line says what changed); refuse other changes."""
     argv = sys.argv[1:] if argv is None else argv
     saved = dict(checkpoint["args"])
     fields = {f.name for f in dataclasses.fields(args)}
@@ -207,9 +208,15 @@ def resumed_args(args: T, checkpoint: dict[str, Any], argv: list[str] | None = N
             merged[name] = new
             _note_longer_run(new, old, checkpoint.get("global_step", 0), saved)
             continue
+        if name in getattr(type(args), "RESUMABLE", ()):
+            merged[name] = new
+            note(f"{_flag(name)} {new}: changed on resume (trained so far with {old}), from step "
+                 f"{checkpoint.get('global_step', 0):,} on")  # fmt: skip
+            continue
+        allowed = ", ".join(_flag(n) for n in getattr(type(args), "RESUMABLE", ())) or "none"
         fail(
             f"{_flag(name)} {new}: the checkpoint was trained with {old}; --resume keeps the checkpoint's "
-            "settings (drop the flag, or start a new run)"
+            f"settings but {allowed} (drop the flag, or start a new run)"
         )
     return type(args)(**merged)
 

@@ -234,6 +234,14 @@ def write_state(state: dict[str, Any], final: Path) -> Path:
     return final
 
 
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any], lr: float) -> None:
+    """``optimizer.load_state_dict(state)``, then the run's own learning rate: a resumed run may have changed it
+    (the resume rule's allow-list), and the saved state would otherwise put the old one back."""
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint`; raise :class:`CheckpointError` otherwise.
 

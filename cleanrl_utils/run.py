@@ -48,6 +48,9 @@ T = TypeVar("T")
 # --checkpoint-interval: a preempted tuner trial or grid task loses at most this much (see
 # benchmark/checkpoint_overhead.py for what a checkpoint costs).
 CHECKPOINT_SECONDS = 300.0
+# A run given CLEANRL_STOP_AT_STEP=N stops, as SIGTERM would stop it, after its first checkpoint at or past
+# step N: a tool that trains a run in segments (cleanrl_utils/pbt.py) ends each one exactly on a checkpoint.
+STOP_AT_STEP = "CLEANRL_STOP_AT_STEP"
 
 
 def setup(args_class: type[T], validate, script_file: str) -> tuple[T, Ranks, Path, dict[str, Any] | None]:
@@ -406,6 +409,8 @@ class Run:
         except CheckpointError as e:
             raise RunError(f"{e}; last good checkpoint: {self.last_checkpoint or 'none'}") from None
         self.last_checkpoint, self.saved_at = path, time.perf_counter()
+        if global_step >= int(os.environ.get(STOP_AT_STEP) or sys.maxsize):  # every rank: the same step
+            self.exit_on_signal(signal.SIGTERM, path, global_step)
         return path
 
     def save_model(self, keys: list[str]) -> Path:

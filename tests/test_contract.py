@@ -213,13 +213,37 @@ def ppo_run(tmp_path_factory):
 
 @pytest.mark.quick
 def test_resume_refuses_a_changed_setting(ppo_run, tmp_path):
-    proc = run_script("ppo.py", "--resume", str(ppo_run / "runs/r"), "--gamma", "0.9", cwd=tmp_path, check=False)
+    proc = run_script("ppo.py", "--resume", str(ppo_run / "runs/r"), "--num-steps", "16", cwd=tmp_path, check=False)
     assert proc.returncode == 2
     assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
-        "error: --gamma 0.9: the checkpoint was trained with 0.98; --resume keeps the checkpoint's settings "
-        "(drop the flag, or start a new run)"
+        "error: --num-steps 16: the checkpoint was trained with 32; --resume keeps the checkpoint's settings but "
+        "--learning-rate, --ent-coef, --vf-coef, --clip-coef, --max-grad-norm, --gamma, --gae-lambda, "
+        "--update-epochs, --target-kl (drop the flag, or start a new run)"
     ]
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.quick
+def test_resume_may_change_an_allowed_setting_and_the_schedule_follows_it(ppo_run, tmp_path):
+    """--resume RUN --learning-rate X (an allow-listed setting): one line says what changed, and the annealed
+    learning rate anneals from the new base from the checkpoint's step on."""
+    midway = ppo_run / "runs/r/checkpoints/ckpt_00000064.pt"
+    proc = run_script("ppo.py", "--resume", str(midway), "--learning-rate", "0.004", cwd=tmp_path)
+    assert "--learning-rate 0.004: changed on resume (trained so far with 0.001), from step 64 on" in proc.stderr
+    lr = dict(read_scalars(tmp_path / "runs/r")["charts/learning_rate"])
+    assert lr[128] == pytest.approx(0.004 * (1 - 1 / 2))  # iteration 2 of 2, from the new base
+    assert final_checkpoint(tmp_path / "runs/r")["args"]["learning_rate"] == 0.004
+
+
+@pytest.mark.quick
+def test_a_changed_learning_rate_is_the_optimizers_after_its_state_is_loaded(tmp_path):
+    """The optimizer's saved state holds the old learning rate: loading it must not put that one back (the
+    new value, not the checkpoint's, is what the constant-rate scripts train with)."""
+    flags = ["--learning-starts", "64", "--batch-size", "16", "--buffer-size", "1000", "--checkpoint-interval", "128"]
+    run_script("dqn.py", *flags, "--total-timesteps", "128", "--run-name", "r", cwd=tmp_path)
+    run_script("dqn.py", "--resume", "runs/r", "--total-timesteps", "256", "--learning-rate", "0.0002", cwd=tmp_path)
+    final = final_checkpoint(tmp_path / "runs/r")
+    assert final["global_step"] == 256 and final["optimizer"]["param_groups"][0]["lr"] == 0.0002
 
 
 @pytest.mark.quick

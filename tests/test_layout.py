@@ -35,6 +35,7 @@ PLUMBING = {"actors", "arguments", "atari_wrappers", "buffers", "checkpoint", "d
             "nan_guard", "param_server", "reshard", "run", "tb"}  # fmt: skip
 TOOLS = {
     "benchmark",
+    "pbt",
     "enjoy",
     "launch",
     "plot",

@@ -70,7 +70,7 @@ def slow_save(*args, **kwargs):
 
 
 run.save_checkpoint = slow_save
-_collective_save = distributed.Ranks.save_checkpoint
+_collective_save = distributed.Ranks.save_collectively
 
 
 def timed_collective_save(self, *args, **kwargs):
@@ -79,7 +79,7 @@ def timed_collective_save(self, *args, **kwargs):
     return path
 
 
-distributed.Ranks.save_checkpoint = timed_collective_save
+distributed.Ranks.save_collectively = timed_collective_save
 
 
 @atexit.register

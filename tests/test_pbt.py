@@ -1,0 +1,206 @@
+"""Population-based training (cleanrl_utils/pbt.py): explore's maths, who copies whom (on frozen trials), the
+copied checkpoint (own step, own generators, the leader's weights), and small populations of the real ppo.py:
+the mutated learning rate reaches the logs, lineage and schedules, a lost worker, bad input."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState, create_trial
+
+from cleanrl_utils import pbt
+from cleanrl_utils.checkpoint import list_checkpoints, load_checkpoint
+from tests.conftest import REPO, read_scalars, script_env
+
+PBT = [sys.executable, "-m", "cleanrl_utils.pbt"]
+SMALL = ["--extra=--num-envs 2 --num-steps 64 --num-minibatches 2 --update-epochs 2"]
+
+
+# --------------------------------------------------------------------------------------------
+# Explore
+# --------------------------------------------------------------------------------------------
+@pytest.mark.quick
+def test_perturb_multiplies_discounts_as_their_distance_to_one_steps_integers_and_clamps():
+    rng = np.random.default_rng(0)
+    lr = {"low": 1e-4, "high": 3e-3, "log": True}
+    seen = {pbt.perturb("learning-rate", 1e-3, lr, rng, 0.0) for _ in range(50)}
+    assert sorted(seen) == pytest.approx([8e-4, 1.2e-3])
+    gamma = {"low": 0.9, "high": 0.9999}
+    seen = sorted({round(pbt.perturb("gamma", 0.99, gamma, rng, 0.0), 10) for _ in range(50)})
+    assert seen == pytest.approx([0.988, 0.992])  # 1 - 0.01 * 1.2, 1 - 0.01 * 0.8: never past 1
+    assert sorted({pbt.perturb("gae-lambda", 0.95, {"low": 0.8, "high": 0.99}, rng, 0.0) for _ in range(50)}) == (
+        pytest.approx([0.94, 0.96])
+    )
+    epochs = {"low": 1, "high": 10}
+    assert {pbt.perturb("update-epochs", 4, epochs, rng, 0.0) for _ in range(50)} == {3, 5}
+    assert {pbt.perturb("update-epochs", 10, epochs, rng, 0.0) for _ in range(50)} == {9, 10}  # clamped
+    assert {pbt.perturb("learning-rate", 2.9e-3, lr, rng, 0.0) for _ in range(50)} >= {3e-3}  # clamped to high
+    choices = [0.0, 0.001, 0.01]
+    assert {pbt.perturb("ent-coef", 0.001, choices, rng, 0.0) for _ in range(50)} == {0.0, 0.01}  # a neighbour
+    drawn = [pbt.perturb("learning-rate", 1e-3, lr, rng, 1.0) for _ in range(200)]  # always drawn anew
+    assert min(drawn) >= 1e-4 and max(drawn) <= 3e-3 and len(set(drawn)) == 200
+    # flags outside the space are carried over unchanged
+    assert pbt.explore({"learning-rate": 1e-3, "seed-like": 7}, {"learning-rate": lr}, rng, 0.0)["seed-like"] == 7
+
+
+# --------------------------------------------------------------------------------------------
+# Exploit: who copies whom
+# --------------------------------------------------------------------------------------------
+def segment(member: int, step: int, score: float | None, **extra) -> optuna.trial.FrozenTrial:
+    attrs = {"member": member, "generation": step // 100, "start": step - 100, "end": step, "step": step,
+             "score": score, "params": {"learning-rate": 1e-3 * (member + 1)}, **extra}  # fmt: skip
+    return create_trial(state=TrialState.COMPLETE, value=score if score is not None else -math.inf, user_attrs=attrs)
+
+
+@pytest.mark.quick
+def test_choose_leader_bottom_copies_top_with_a_checkpoint_never_right_after_a_copy_and_only_at_its_step():
+    rng = np.random.default_rng(0)
+    yes = lambda m: True  # noqa: E731
+    four = [segment(0, 100, 10.0), segment(1, 100, 20.0), segment(2, 100, 30.0), segment(3, 100, 40.0)]
+    assert pbt.choose_leader(0, 100, four, 0.25, rng, yes) == 3  # bottom quarter copies the top quarter
+    assert pbt.choose_leader(1, 100, four, 0.25, rng, yes) is None  # not in the bottom quarter
+    assert pbt.choose_leader(3, 100, four, 0.25, rng, yes) is None
+    assert {pbt.choose_leader(0, 100, four, 0.5, rng, yes) for _ in range(40)} == {2, 3}
+    # never from a member without a checkpoint: the next of the top, or nobody
+    assert {pbt.choose_leader(0, 100, four, 0.5, rng, lambda m: m != 3) for _ in range(20)} == {2}
+    assert pbt.choose_leader(0, 100, four, 0.25, rng, lambda m: m != 3) is None
+    # a member that restarted from a copy in this segment is not judged yet
+    copied = [*four[1:], segment(0, 100, 10.0, copied=True, parent=3, parent_step=100)]
+    assert pbt.choose_leader(0, 100, copied, 0.25, rng, yes) is None
+    # a lagging member is compared with the others' scores at or before its own step
+    ahead = [segment(m, 200, 1000.0) for m in (1, 2, 3)]  # later and better: not comparable with step 100
+    assert pbt.choose_leader(0, 100, four + ahead, 0.25, rng, yes) == 3
+    lagging = [segment(0, 100, 35.0), *four[1:], *ahead]
+    assert pbt.choose_leader(0, 100, lagging, 0.25, rng, yes) is None  # second of four at step 100
+    # a failed or running segment has no score to compare
+    running = create_trial(state=TrialState.FAIL, user_attrs={"member": 3, "step": 100, "score": 99.0, "params": {}})
+    assert pbt.standing([*four[:3], running], 100).keys() == {0, 1, 2}
+    # a single member has nobody to copy
+    assert pbt.choose_leader(0, 100, four[:1], 0.25, rng, yes) is None
+
+
+@pytest.mark.quick
+def test_schedule_follows_the_lineage_back_through_copies():
+    """Member 0 trained 0-100 with lr A, copied member 2 at 100 (member 2 had 0-100 with lr C), then 100-200
+    with lr A': its weights saw C then A'."""
+
+    def seg(member, start, step, lr, **extra):
+        attrs = {"member": member, "generation": start // 100, "start": start, "end": step, "step": step,
+                 "score": 1.0, "params": {"learning-rate": lr}, **extra}  # fmt: skip
+        return create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs)
+
+    segments = [seg(0, 0, 100, 1.0), seg(2, 0, 100, 3.0), seg(0, 100, 200, 3.6, copied=True, parent=2, parent_step=100),
+                seg(2, 100, 200, 2.4)]  # fmt: skip
+
+    class Study:
+        def get_trials(self, deepcopy=False):
+            return segments
+
+    population = pbt.Population(pbt.Args(), Path("x.py"), "p", "sqlite://", {}, ())
+    assert pbt.schedule(population, Study(), 0) == [(0, {"learning-rate": 3.0}), (100, {"learning-rate": 3.6})]
+    assert pbt.schedule(population, Study(), 2) == [(0, {"learning-rate": 3.0}), (100, {"learning-rate": 2.4})]
+
+
+@pytest.mark.quick
+def test_reseeded_copy_draws_differently_from_its_leader_and_from_other_copies():
+    from cleanrl_utils.checkpoint import rng_state
+
+    torch.manual_seed(3)
+    np.random.seed(3)
+    state = {"rng": rng_state(), "ranks": [{"rng": rng_state()}, {"rng": rng_state()}], "agent": {"w": torch.ones(2)}}
+    a = pbt.reseeded(state, [1, 0, 1])
+    b = pbt.reseeded(state, [1, 1, 1])
+    again = pbt.reseeded(state, [1, 0, 1])
+    for key in ("torch", "numpy"):
+        assert repr(a["rng"][key]) != repr(state["rng"][key]) and repr(a["rng"][key]) != repr(b["rng"][key])
+        assert repr(a["rng"][key]) == repr(again["rng"][key])  # deterministic given the salt
+        assert repr(a["ranks"][0]["rng"][key]) != repr(a["ranks"][1]["rng"][key])
+    assert a["agent"] is state["agent"]  # the weights are the leader's
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--population", "1"], "--population 1: a population needs at least 2 members"),
+        (["--fraction", "0.7"], "--fraction 0.7: must be in (0, 0.5]"),
+        (["--ready", "0"], "--ready 0: must be a positive integer"),
+        (["--space", "SPACE"], "--space: num-steps may not change on resume (the script allows --learning-rate"),
+        (["--extra=--num-envs 0"], "member 0: --num-envs 0"),
+    ],
+)
+def test_bad_input_one_line_exit_2_before_any_run(tmp_path, flags, message):
+    (tmp_path / "space.json").write_text(
+        json.dumps({"num-steps": [16, 32], "learning-rate": {"low": 1e-4, "high": 1e-3}})
+    )
+    flags = [f.replace("SPACE", str(tmp_path / "space.json")) for f in flags]
+    proc = subprocess.run([*PBT, *flags], cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# A population of the real ppo.py
+# --------------------------------------------------------------------------------------------
+def run_pbt(cwd: Path, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*PBT, *flags], cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def segments_of(cwd: Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{cwd / 'runs' / name / 'optuna.db'}")
+    return [t for t in study.get_trials() if "member" in t.user_attrs]
+
+
+def logged_lr(run: Path) -> dict[int, float]:
+    return dict(read_scalars(run)["charts/learning_rate"])
+
+
+@pytest.mark.timeout(900)
+def test_population_exploits_explores_and_the_mutated_learning_rate_reaches_the_logs(tmp_path):
+    (tmp_path / "space.json").write_text(json.dumps({"learning-rate": {"low": 1e-4, "high": 1e-2, "log": True},
+                                                     "gamma": {"low": 0.9, "high": 0.999}}))  # fmt: skip
+    total, ready, batch = 2048, 512, 128
+    flags = ["--script", str(REPO / "cleanrl" / "ppo.py"), "--population", "4", "--total-timesteps", str(total),
+             "--ready", str(ready), "--workers", "2", "--fraction", "0.5", "--window", "5",
+             "--resample-probability", "0", "--space", str(tmp_path / "space.json"), "--study-name", "pop", *SMALL]  # fmt: skip
+    proc = run_pbt(tmp_path, *flags)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done = [t for t in segments_of(tmp_path, "pop") if t.state == TrialState.COMPLETE]
+    assert sorted(t.user_attrs["member"] for t in done if t.user_attrs["step"] >= total) == [0, 1, 2, 3]
+    copies = [t for t in done if t.user_attrs.get("parent") is not None]
+    assert copies, "no member copied another in 4 x 3 decisions at fraction 0.5"
+    num_iterations = total // batch
+    for t in copies:
+        a = t.user_attrs
+        member, lr = a["member"], a["params"]["learning-rate"]
+        leader_lr = next(s.user_attrs["params"]["learning-rate"] for s in done if s.user_attrs["member"] == a["parent"]
+                         and s.user_attrs["start"] <= a["parent_step"] <= s.user_attrs["step"] + 1)  # fmt: skip
+        assert lr != leader_lr and min(abs(lr / leader_lr - f) for f in (0.8, 1.2)) < 1e-9 or lr in (1e-4, 1e-2)
+        logged = logged_lr(tmp_path / "runs" / "pop" / f"m{member}")
+        steps = [s for s in logged if a["start"] < s <= a["step"]]
+        assert steps, (a, sorted(logged))
+        for s in steps:  # annealed from the mutated base, at the member's own iteration
+            frac = 1.0 - (s // batch - 1.0) / num_iterations
+            assert logged[s] == pytest.approx(frac * lr, rel=1e-5), (member, s, logged[s], lr, leader_lr)
+    for member in range(4):
+        run = tmp_path / "runs" / "pop" / f"m{member}"
+        steps = [s for s, _ in read_scalars(run)["charts/learning_rate"]]
+        assert steps == sorted(steps) and steps[-1] == total  # its own step counter, never the leader's
+        assert len(list_checkpoints(run / "checkpoints")) <= 2
+        assert load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["global_step"] == total
+    lineage = (tmp_path / "runs" / "pop" / "lineage.md").read_text()
+    assert f"m{copies[0].user_attrs['parent']} (step {copies[0].user_attrs['parent_step']:,})" in lineage
+    best = json.loads((tmp_path / "runs" / "pop" / "best.json").read_text())
+    assert best["best_score"] == max(t.user_attrs["score"] for t in done if t.user_attrs["step"] >= total)
+    assert (tmp_path / "runs" / "pop" / "schedules.png").stat().st_size > 0
+    assert "replay: " in proc.stdout
