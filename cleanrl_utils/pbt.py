@@ -92,7 +92,7 @@ class Args:
     torchrun: int = 0
     """processes per member under torchrun (0: python)"""
     study_name: str | None = None
-    """the population's name: its runs are runs/<name>/m<i> (default <script>-<env>-pbt, -baseline)"""
+    """the population's name: its runs are runs/<name>/m<i> (default <script>-<env>); --baseline adds -baseline"""
     storage: str | None = None
     """Optuna storage shared by the workers (default sqlite in runs/<name>/)"""
     workers: int = 1
@@ -245,15 +245,20 @@ def build(args: Args) -> Population:
     if bad:
         allowed = ", ".join(f"--{n.replace('_', '-')}" for n in resumable) or "none"
         raise PBTError(f"--space: {', '.join(bad)} may not change on resume (the script allows {allowed})")
-    name = args.study_name or f"{script.stem}-{args.env_id.replace('/', '-')}-{'baseline' if args.baseline else 'pbt'}"
-    storage = args.storage or f"sqlite:///{Path('runs') / name / 'optuna.db'}"
-    population = Population(args, script, name, storage, space, resumable)
+    name = (args.study_name or f"{script.stem}-{args.env_id.replace('/', '-')}") + (
+        "-baseline" if args.baseline else ""
+    )
+    population = Population(args, script, name, storage_url(args, name), space, resumable)
     for member in range(args.population):  # every member's first command line, as the script validates it
         _, error = check_script_args(script, first_flags(population, member, initial_params(population, member)),
                                      max(args.torchrun, 1))  # fmt: skip
         if error:
             raise PBTError(f"member {member}: {error}")
     return population
+
+
+def storage_url(args: Args, name: str) -> str:
+    return args.storage or f"sqlite:///{Path('runs') / name / 'optuna.db'}"
 
 
 def default_space(script: Path, resumable: tuple[str, ...]) -> dict[str, Any]:
@@ -525,7 +530,7 @@ def supervise(population: Population) -> None:
         proc.start()
     watcher, study = Watcher(grace=3 * population.args.heartbeat), population.study()
     try:
-        while any(p.is_alive() for p in procs):
+        while True:
             for trial, reason in watcher.lost(study):
                 if "member" in trial.user_attrs:
                     print(lose(study, trial, reason, population.args.max_resumes), flush=True)
@@ -533,6 +538,8 @@ def supervise(population: Population) -> None:
                 if not proc.is_alive() and proc.exitcode not in (0, None):  # lost: another takes its place
                     procs[i] = ctx.Process(target=worker, args=(population, i))
                     procs[i].start()
+            if not any(p.is_alive() for p in procs):  # every worker found nothing left to train
+                break
             time.sleep(population.args.poll)
     except KeyboardInterrupt:
         for proc in procs:
@@ -590,17 +597,44 @@ def report(population: Population) -> dict[str, Any]:
         steps = schedule(population, study, best)
         figures.update(best=best, best_score=best_score, median=float(np.median([s for s, _ in scores])),
                        schedule=steps, checkpoint=str(list_checkpoints(population.run_dir(best) / "checkpoints")[-1]))  # fmt: skip
-        (population.root / "best.json").write_text(
-            json.dumps({k: v for k, v in figures.items() if k != "failed"}, indent=2, default=str)
-        )
         print(f"\nbest member {best}: score {best_score:.2f} (median {figures['median']:.2f} over "
               f"{len(scores)} members); checkpoint {figures['checkpoint']}")  # fmt: skip
         print("its schedule (from step: flags): " + "; ".join(f"{s:,}: {p}" for s, p in steps))
         replay = [sys.executable, "-m", "cleanrl_utils.pbt", "--script", str(population.script), "--env-id",
                   population.args.env_id, "--study-name", population.name, "--replay", str(best)]  # fmt: skip
         print(f"replay: {shlex.join(replay)}")
+        if not population.args.baseline:
+            figures["baseline"] = baseline_figures(population)
+            if figures["baseline"]:
+                b = figures["baseline"]
+                print(f"baseline ({population.name}-baseline: {b['runs']} independent runs of the members' first flags "
+                      f"and seeds): best {b['best']:.2f}, median {b['median']:.2f}; population: best {best_score:.2f}, "
+                      f"median {figures['median']:.2f}")  # fmt: skip
+            else:
+                print(f"baseline: none finished yet (the same command with --baseline trains it: {population.name}-"
+                      "baseline)")  # fmt: skip
         plot_schedules(population, study, population.root / "schedules.png")
+        (population.root / "best.json").write_text(
+            json.dumps({k: v for k, v in figures.items() if k != "failed"}, indent=2, default=str)
+        )
     return figures
+
+
+def baseline_figures(population: Population) -> dict[str, Any] | None:
+    """The equal-compute baseline's best and median final scores (None: it has no finished run)."""
+    name = f"{population.name}-baseline"
+    if not population.args.storage and not (Path("runs") / name / "optuna.db").exists():
+        return None
+    try:
+        study = optuna.load_study(study_name=name, storage=open_storage(storage_url(population.args, name)))
+    except (KeyError, ValueError):  # no such study
+        return None
+    total = population.args.total_timesteps
+    final = [score_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if "member" in t.user_attrs and t.user_attrs["step"] >= total]  # fmt: skip
+    if not final:
+        return None
+    return {"runs": len(final), "best": max(final), "median": float(np.median(final))}
 
 
 def plot_schedules(population: Population, study: optuna.Study, path: Path) -> None:
@@ -677,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         seed_population(population)
         print(f"[pbt] population {population.name} ({population.storage_url}): {args.population} members of "
               f"{population.script.name} on {args.env_id}, {args.total_timesteps:,} steps each, deciding every "
-              f"{args.ready:,}; {args.workers} workers here", flush=True)  # fmt: skip
+              f"{args.ready:,}; workers here: {args.workers}", flush=True)  # fmt: skip
         supervise(population)
         figures = report(population)
     except PBTError as error:

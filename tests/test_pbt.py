@@ -4,6 +4,7 @@ the mutated learning rate reaches the logs, lineage and schedules, a lost worker
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,62 @@ def test_population_exploits_explores_and_the_mutated_learning_rate_reaches_the_
     assert best["best_score"] == max(t.user_attrs["score"] for t in done if t.user_attrs["step"] >= total)
     assert (tmp_path / "runs" / "pop" / "schedules.png").stat().st_size > 0
     assert "replay: " in proc.stdout
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_worker_s_member_resumes_its_own_lineage_and_the_baseline_trains_the_first_flags(tmp_path):
+    """SIGKILL the worker training member 0's second segment (its run dies with it): the segment is enqueued
+    again with the same flags, and a new worker continues member 0 with --resume from its own checkpoint (not
+    from scratch, not re-mutated). Then --baseline trains the members' first flags independently, and the
+    population's report sets both side by side."""
+    import signal
+    import time
+
+    (tmp_path / "space.json").write_text(json.dumps({"learning-rate": {"low": 1e-4, "high": 1e-2, "log": True}}))
+    flags = ["--script", str(REPO / "cleanrl" / "ppo.py"), "--population", "2", "--total-timesteps", "1536",
+             "--ready", "512", "--workers", "1", "--heartbeat", "1", "--poll", "0.1",
+             "--space", str(tmp_path / "space.json"), "--study-name", "pop", *SMALL]  # fmt: skip
+    proc = subprocess.Popen([*PBT, *flags], cwd=tmp_path, env=script_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if not (tmp_path / "runs" / "pop" / "optuna.db").exists():
+            continue
+        for t in segments_of(tmp_path, "pop"):
+            a = t.user_attrs
+            if t.state == TrialState.RUNNING and a["member"] == 0 and a["generation"] == 1 and "worker" in a:
+                time.sleep(0.5)  # into its training
+                os.kill(a["worker"]["pid"], signal.SIGKILL)
+                killed = t
+    out, _ = proc.communicate(timeout=600)
+    assert killed is not None, out
+    assert proc.returncode == 0, out
+    assert (
+        f"member 0's segment {killed.number} lost (its worker (pid {killed.user_attrs['worker']['pid']}) is gone)"
+        in out
+    )
+    trials = segments_of(tmp_path, "pop")
+    retry = next(t for t in trials if t.user_attrs.get("resume_of") == killed.number)
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["params"] == killed.user_attrs["params"]
+    assert (retry.user_attrs["start"], retry.user_attrs["end"]) == (
+        killed.user_attrs["start"],
+        killed.user_attrs["end"],
+    )
+    commands = [line for line in (tmp_path / "runs" / "pop" / "logs" / "m0.log").read_text().splitlines()
+                if line.startswith("[pbt] ")]  # fmt: skip
+    assert len(commands) == 4 and "--resume runs/pop/m0 --run-name" in commands[2], commands  # no flag changed
+    steps = [s for s, _ in read_scalars(tmp_path / "runs" / "pop" / "m0")["charts/learning_rate"]]
+    assert steps == sorted(steps) and steps[-1] == 1536  # continued, never restarted from step 0
+
+    base = run_pbt(tmp_path, *flags, "--baseline")
+    assert base.returncode == 0, base.stdout[-3000:] + base.stderr[-3000:]
+    independent = [t for t in segments_of(tmp_path, "pop-baseline") if t.state == TrialState.COMPLETE]
+    assert not any(t.user_attrs.get("parent") is not None for t in independent)
+    first = {t.user_attrs["member"]: t.user_attrs["params"] for t in trials if t.user_attrs["generation"] == 0}
+    assert {t.user_attrs["member"]: t.user_attrs["params"] for t in independent} == first  # never explored
+    report = run_pbt(tmp_path, *flags, "--report")
+    finals = [t.user_attrs["score"] for t in independent if t.user_attrs["step"] >= 1536]
+    line = f"independent runs of the members' first flags and seeds): best {max(finals):.2f}, median {np.median(finals):.2f}"
+    assert line in report.stdout, report.stdout[-2000:]
