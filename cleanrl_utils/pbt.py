@@ -36,6 +36,7 @@ checkpoints (a copy replaces the member's newest): the population's disk is boun
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -60,7 +61,7 @@ from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, load_che
 from cleanrl_utils.launch import REPO, check_script_args, launch, load_script, locate_script, thread_env
 from cleanrl_utils.run import STOP_AT_STEP
 from cleanrl_utils.tb import ScalarReader
-from cleanrl_utils.trials import Heartbeat, Watcher, open_storage, worker_record
+from cleanrl_utils.trials import _TOLD, Heartbeat, Watcher, open_storage, worker_record
 from cleanrl_utils.tuner_spaces import load_space
 
 DISCOUNTS = {"gamma", "gae-lambda"}  # perturbed as 1 - x: 0.99 * 1.2 would leave [0, 1]
@@ -344,7 +345,12 @@ def claim(study: optuna.Study, population: Population) -> optuna.Trial | None:
     twins = [t for t in population.segments(study) if t.number < trial.number and t.user_attrs.get("member") ==
              attrs.get("member") and t.user_attrs.get("start") == attrs.get("start") and
              t.state in (TrialState.RUNNING, TrialState.COMPLETE) and not t.user_attrs.get("surplus")]  # fmt: skip
-    if "member" not in attrs or (twins and "resume_of" not in attrs):
+    if "resume_of" in attrs:  # a retry: only the first of its lost segment, and only if that one was lost
+        trials = study.get_trials(deepcopy=False)
+        twins = [t for t in trials if t.user_attrs.get("resume_of") == attrs["resume_of"] and t.number < trial.number
+                 and not t.user_attrs.get("surplus")]  # fmt: skip
+        twins += [t for t in trials if t.number == attrs["resume_of"] and t.state != TrialState.FAIL]
+    if "member" not in attrs or twins:
         trial.set_user_attr("surplus", True)
         study.tell(trial, state=TrialState.FAIL)
         return None
@@ -391,7 +397,10 @@ def train_to(argv: list[str], log: Path, end: int, a: Args) -> int:
         env[STOP_AT_STEP] = str(end)
     with open(log.parent.mkdir(parents=True, exist_ok=True) or log, "a") as f:
         f.write(f"\n[pbt] {STOP_AT_STEP}={env.get(STOP_AT_STEP, '')} {shlex.join(argv)}\n")
-    return launch(argv, log, env=env).wait()
+    proc = _worker_state["proc"] = launch(argv, log, env=env)
+    if _worker_state["stopping"]:  # SIGTERM came while it started
+        _stop_worker(signal.SIGTERM, None)
+    return proc.wait()
 
 
 def train_segment(population: Population, trial: optuna.Trial) -> tuple[int, int]:
@@ -476,6 +485,8 @@ def run_segment(population: Population, study: optuna.Study, trial: optuna.Trial
         code, step = train_segment(population, trial)
     finally:
         heartbeat.stop()
+    if _worker_state["stopping"]:  # not told: the segment is lost, and resumes from the run's checkpoint
+        os._exit(128 + signal.SIGTERM)
     member = trial.user_attrs["member"]
     if code not in STOPPED or step < min(trial.user_attrs["end"], population.args.total_timesteps):
         log = population.root / "logs" / f"m{member}.log"
@@ -495,11 +506,27 @@ def run_segment(population: Population, study: optuna.Study, trial: optuna.Trial
     return f"[pbt] member {member} at step {step:,}: score {value if value is None else round(value, 2)}{copied}"
 
 
+# A worker told to stop (SIGTERM: a SLURM requeue or preemption, the parent's Ctrl-C) passes it on to its
+# member's run, which checkpoints and exits; the worker then exits too, leaving the segment running in the
+# storage with a dead worker: a watcher (this host at once, others after the heartbeat's grace) enqueues
+# it again, and it resumes from that checkpoint with the same flags.
+_worker_state: dict[str, Any] = {"proc": None, "stopping": False}
+
+
+def _stop_worker(signum: int, frame: Any) -> None:
+    _worker_state["stopping"] = True
+    proc = _worker_state["proc"]
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+
 def worker(population: Population, index: int) -> None:
     """A worker process: claim and run segments until none is waiting or running."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers with SIGTERM
+    signal.signal(signal.SIGTERM, _stop_worker)
     study = population.study()
-    while True:
+    while not _worker_state["stopping"]:
         trial = claim(study, population)
         if trial is None:
             states = {t.state for t in population.segments(study) if not t.user_attrs.get("surplus")}
@@ -510,14 +537,21 @@ def worker(population: Population, index: int) -> None:
         print(run_segment(population, study, trial), flush=True)
 
 
-def lose(study: optuna.Study, trial: FrozenTrial, reason: str, max_resumes: int) -> str:
+def lose(study: optuna.Study, trial: FrozenTrial, reason: str, max_resumes: int) -> str | None:
     """A segment whose worker is gone: train it again, from the member's own newest checkpoint with the same
-    flags (its lineage continues), or fail the member past ``max_resumes``."""
+    flags (its lineage continues), or fail the member past ``max_resumes``. Returns the line to print, or
+    None when another watcher (another machine, another SLURM task) handled it first."""
     resumes = trial.user_attrs.get("resumes", 0)
-    if resumes < max_resumes:
-        attrs = {k: v for k, v in trial.user_attrs.items() if k not in ("worker", "beat", "surplus", "claimed_by")}
+    if resumes < max_resumes:  # the retry first: a retry whose lost segment was not failed after all stands down
+        drop = ("worker", "beat", "surplus", "claimed_by")
+        attrs = {k: v for k, v in trial.user_attrs.items() if k not in drop}
         study.enqueue_trial({}, user_attrs={**attrs, "resume_of": trial.number, "resumes": resumes + 1})
-    study.tell(trial.number, state=TrialState.FAIL)
+    try:
+        study.tell(trial.number, state=TrialState.FAIL)
+    except _TOLD:
+        return None
+    if resumes >= max_resumes:
+        study.set_user_attr(f"error:{trial.number}", f"lost {resumes + 1} times ({reason})")
     what = "trains again" if resumes < max_resumes else f"fails (lost {resumes + 1} times)"
     return f"[pbt] member {trial.user_attrs['member']}'s segment {trial.number} lost ({reason}): it {what}"
 
@@ -532,8 +566,9 @@ def supervise(population: Population) -> None:
     try:
         while True:
             for trial, reason in watcher.lost(study):
-                if "member" in trial.user_attrs:
-                    print(lose(study, trial, reason, population.args.max_resumes), flush=True)
+                line = lose(study, trial, reason, population.args.max_resumes) if "member" in trial.user_attrs else None
+                if line:
+                    print(line, flush=True)
             for i, proc in enumerate(procs):
                 if not proc.is_alive() and proc.exitcode not in (0, None):  # lost: another takes its place
                     procs[i] = ctx.Process(target=worker, args=(population, i))
@@ -589,7 +624,10 @@ def report(population: Population) -> dict[str, Any]:
     table = "\n".join(lines)
     (population.root / "lineage.md").write_text(table + "\n")
     scores = sorted((score_of(t), m) for m, t in final.items())
-    failed = [t for t in population.segments(study) if t.state == TrialState.FAIL and t.user_attrs.get("error")]
+    lost = study.user_attrs
+    failed = {t.user_attrs["member"]: t.user_attrs.get("error") or lost.get(f"error:{t.number}")
+              for t in population.segments(study) if t.state == TrialState.FAIL}  # fmt: skip
+    failed = {member: error for member, error in failed.items() if error}
     figures = {"finished": sorted(final), "failed": failed, "scores": [s for s, _ in scores]}
     print(table)
     if scores:
@@ -719,9 +757,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     unfinished = sorted(set(range(args.population)) - set(figures["finished"]))
     if unfinished:
-        errors = {t.user_attrs["member"]: t.user_attrs.get("error") for t in figures["failed"]}
         for member in unfinished:
-            print(f"[pbt] member {member} did not finish: {errors.get(member) or 'no segment of it is left'}")
+            print(f"[pbt] member {member} did not finish: {figures['failed'].get(member) or 'no segment is left'}")
         return 1
     return 0
 

@@ -50,6 +50,7 @@ from cleanrl_utils.launch import REPO, check_script_args, exp_name, refusal
 MANIFESTS = Path("runs") / "submissions"
 MAX_GPUS_PER_NODE = 16
 TUNER = "cleanrl_utils/tuner.py"
+PBT = "cleanrl_utils/pbt.py"
 
 
 class SubmitError(Exception):
@@ -113,7 +114,8 @@ class Args:
     endpoint_url: str | None = None
     """AWS Batch endpoint (e.g. a local test endpoint)"""
     tasks: int = 1
-    """a tuner command (cleanrl_utils/tuner.py): run it as this many identical array tasks (its workers)"""
+    """a tuner or population command (python cleanrl_utils/tuner.py ... or python cleanrl_utils/pbt.py ...): run it as
+    this many identical array tasks (its workers)"""
     continue_runs: bool = False
     """SLURM: continue the runs an earlier submission of this --job-name left in runs/<job-name>/ (without it,
     a submission whose run directories hold checkpoints is refused: it would train into them)"""
@@ -176,10 +178,11 @@ def check(args: Args, extra: list[str]) -> Plan:
                 raise SubmitError(f"--secret {item}: must be NAME=arn:aws:secretsmanager:... or arn:aws:ssm:...")
     if args.tasks < 1:
         raise SubmitError(f"--tasks {args.tasks}: must be a positive integer")
-    if args.command is not None and script_in(shlex.split(args.command))[0] == REPO / TUNER:
-        # tuner workers: the same command N times; they share the study through its --storage
+    if args.command is not None and script_in(shlex.split(args.command))[0] in (REPO / TUNER, REPO / PBT):
+        # tuner or population workers: the same command N times; they share the study through its --storage
         argv = shlex.split(args.command) + extra
-        check_tuner(script_in(argv)[1])
+        script, flags = script_in(argv)
+        check_tuner(flags) if script == REPO / TUNER else check_pbt(flags)
         return Plan("workers", in_image(args, argv), [Task("", 0, "") for _ in range(args.tasks)])
     if args.command is not None:
         if not args.env_ids:
@@ -270,9 +273,30 @@ def script_in(argv: list[str]) -> tuple[Path, list[str]]:
         raise SubmitError(f"--command {shlex.join(argv)}: runs no .py script")
     script = Path(argv[index])
     resolved = (Path.cwd() / script).resolve() if not script.is_absolute() else script
-    if not resolved.exists() or (resolved.parent != REPO / "cleanrl" and resolved != REPO / TUNER):
-        raise SubmitError(f"{script}: not a script of this project (cleanrl/*.py or {TUNER})")
+    if not resolved.exists() or (resolved.parent != REPO / "cleanrl" and resolved not in (REPO / TUNER, REPO / PBT)):
+        raise SubmitError(f"{script}: not a script of this project (cleanrl/*.py, {TUNER} or {PBT})")
     return resolved, argv[index + 1 :]
+
+
+def check_pbt(flags: list[str]) -> None:
+    """The population's own command-line parsing and checks, without starting it."""
+    import contextlib
+    import io
+
+    from cleanrl_utils import pbt
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            pbt.build(tyro.cli(pbt.Args, args=flags))
+    except SystemExit:
+        raise SubmitError(f"pbt.py: {refusal(stderr.getvalue()) or 'its command line is refused'}") from None
+    except pbt.PBTError as error:
+        raise SubmitError(f"pbt.py: {error}") from None
+    if not any(f.startswith("--storage") for f in flags):
+        raise SubmitError(
+            "pbt.py: give --storage (e.g. postgresql://...): workers on several nodes share one population"
+        )
 
 
 def check_tuner(flags: list[str]) -> None:

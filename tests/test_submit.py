@@ -686,3 +686,60 @@ def test_dockerfile_inputs_exist_and_its_entrypoint_is_the_tested_one():
     assert "COPY docker/entrypoint.sh docker/entrypoint.sh" in text and "WORKDIR /workspace" in text
     ignored = (REPO / ".dockerignore").read_text().split()
     assert not {"cleanrl", "cleanrl_utils", "docker", "pyproject.toml"} & set(ignored)
+
+
+def test_slurm_pbt_array_requeued_task_s_member_resumes_its_lineage(slurm, tmp_path):
+    """A population served by two SLURM array tasks on one journal storage; `scontrol requeue` the task
+    training a member's later segment: the member's run checkpoints on SIGTERM, the segment is trained
+    again (same flags) from that checkpoint by whichever task is free, and every member's segments
+    still chain from step 0 to the end."""
+    import optuna
+
+    from cleanrl_utils.trials import open_storage
+
+    total, ready = 12288, 4096
+    (tmp_path / "space.json").write_text(json.dumps({"learning-rate": {"low": 1e-4, "high": 1e-2, "log": True}}))
+    pbt = (f"python {REPO}/cleanrl_utils/pbt.py --script {PPO} --population 2 --total-timesteps {total} "
+           f"--ready {ready} --space space.json --storage pop.log --study-name pop --heartbeat 1 --poll 0.2 "
+           "'--extra=--num-envs 1 --num-steps 16 --num-minibatches 1 --update-epochs 1'")  # fmt: skip
+    job = submit(tmp_path, "--command", pbt, "--tasks", "2", "--cpus", "1", "--mem-gb", "1", "--job-name", "pb")
+
+    def segments():
+        if not (tmp_path / "pop.log").exists():
+            return []
+        study = optuna.load_study(study_name="pop", storage=open_storage(str(tmp_path / "pop.log")))
+        return [t for t in study.get_trials() if "member" in t.user_attrs]
+
+    def a_later_segment_of_task_1():
+        for t in segments():
+            a = t.user_attrs
+            if (
+                t.state.name == "RUNNING"
+                and a["generation"] >= 1
+                and _task_of(a.get("worker", {}).get("pid")) == f"{job}_1"
+            ):
+                log = tmp_path / "runs" / "pop" / "logs" / f"m{a['member']}.log"
+                if log.exists() and log.read_text().count("resuming from") >= a["generation"]:  # it is training
+                    return t
+        return None
+
+    victim = wait_for(a_later_segment_of_task_1, 150, "task 1 to be training a later segment")
+    subprocess.run(["scontrol", "requeue", f"{job}_1"], check=True)
+    try:
+        wait_for(lambda: queue_empty(job), 240, "the population to finish")
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    trials = segments()
+    retry = next(t for t in trials if t.user_attrs.get("resume_of") == victim.number)
+    assert retry.state.name == "COMPLETE" and retry.user_attrs["params"] == victim.user_attrs["params"]
+    member = victim.user_attrs["member"]
+    log = (tmp_path / "runs" / "pop" / "logs" / f"m{member}.log").read_text()
+    stopped = re.search(r"stopped by signal 15 at step (\d+)", log)
+    assert stopped and f"resuming from runs/pop/m{member}/checkpoints/ckpt_{int(stopped.group(1)):08d}.pt" in log, log
+    for m in (0, 1):  # each member's finished segments chain from 0 to the end: nothing lost, nothing trained twice
+        done = sorted((t.user_attrs["start"], t.user_attrs["step"]) for t in trials
+                      if t.state.name == "COMPLETE" and t.user_attrs["member"] == m)  # fmt: skip
+        assert done[0][0] == 0 and done[-1][1] == total and all(a[1] == b[0] for a, b in zip(done, done[1:])), done
+        assert (
+            torch.load(final_checkpoint(tmp_path / "runs" / "pop" / f"m{m}"), weights_only=True)["global_step"] == total
+        )
