@@ -15,7 +15,7 @@ Plumbing, what the scripts in ``cleanrl/`` import:
 Tools, what users run (``python -m cleanrl_utils.<tool>``):
 
 - ``benchmark`` (grid runner), ``tuner`` (Optuna; ``tuner_worker``, ``tuner_spaces``, ``trials``),
-  ``plot`` (curves and tables; ``scores``), ``enjoy`` (evaluation), ``submit_exp`` (SLURM, AWS Batch);
+  ``pbt`` (population-based training on the tuner's storage), ``plot`` (curves and tables; ``scores``), ``enjoy`` (evaluation), ``submit_exp`` (SLURM, AWS Batch);
 - ``launch``: what the tools share: starting and stopping a script's processes, locating and
   loading a script, checking a command line against the script's own validation.
 """

@@ -16,7 +16,7 @@ Where the test of a feature is (tiers: ``-m quick`` is the first; ``-m slow`` tr
 | the actor-learner scripts | test_appo.py |
 | ALE's vector env against gymnasium's | test_ale.py |
 | code copied between scripts stays identical; sizes; the import layers | test_copies.py, test_layout.py |
-| the tools: grid runner and learning suites, tuner, plots, evaluation, SLURM/AWS Batch | test_benchmark.py, test_tuner.py, test_plot.py, test_tb.py, test_enjoy.py, test_submit.py |
+| the tools: grid runner and learning suites, tuner, population-based training (test_pbt.py), plots, evaluation, SLURM/AWS Batch | test_benchmark.py, test_tuner.py, test_plot.py, test_tb.py, test_enjoy.py, test_submit.py |
 | learning within a step budget | test_learning.py (slow) |
 | what a GPU run relies on, proved on the CPU | test_gpu_check.py |
 """
