@@ -37,7 +37,6 @@ checkpoints (a copy replaces the member's newest): the population's disk is boun
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -367,20 +366,25 @@ def member_step(population: Population, member: int) -> int:
     return int(found[-1].stem.split("_")[1]) if found else 0
 
 
-def segment_command(population: Population, segment: dict[str, Any]) -> list[str]:
-    """The member's command line: the first with its flags, later ones ``--resume`` plus the flags that changed."""
-    a, member = population.args, segment["member"]
-    run = population.run_dir(member)
-    if population.has_checkpoint(member):
-        saved = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["args"]
-        changed = {k: v for k, v in segment["params"].items() if saved.get(k.replace("-", "_")) != v}
+def command_for(population: Population, run: Path, member: int, params: dict[str, Any]) -> list[str]:
+    """A member's command line: the first with its flags, later ones ``--resume`` plus the flags that changed."""
+    found = list_checkpoints(run / "checkpoints")
+    if found:
+        saved = load_checkpoint(found[-1])["args"]
+        changed = {k: v for k, v in params.items() if saved.get(k.replace("-", "_")) != v}
         flags = ["--resume", str(run), *flag_list(changed)]
     else:
-        flags = first_flags(population, member, segment["params"])
+        flags = first_flags(population, member, params)
+    a = population.args
     start = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={a.torchrun}"]
                                 if a.torchrun else [])  # fmt: skip
-    name = run.relative_to("runs").as_posix()
-    return locate_script([*start, str(population.script), *flags, "--run-name", name, "--no-progress"])
+    return locate_script([*start, str(population.script), *flags, "--run-name", run.relative_to("runs").as_posix(),
+                          "--no-progress"])  # fmt: skip
+
+
+def segment_command(population: Population, segment: dict[str, Any]) -> list[str]:
+    member = segment["member"]
+    return command_for(population, population.run_dir(member), member, segment["params"])
 
 
 def score(population: Population, member: int, upto: int) -> float | None:
@@ -703,35 +707,17 @@ def plot_schedules(population: Population, study: optuna.Study, path: Path) -> N
 
 def replay(population: Population, member: int) -> int:
     """Retrain one fresh run (runs/<name>/replay-m<member>) on member ``member``'s schedule, segment by segment."""
-    study = population.study()
-    steps = schedule(population, study, member)
+    steps = schedule(population, population.study(), member)
     if not steps:
         raise PBTError(f"--replay {member}: member {member} has no finished segment in {population.name}")
-    a = population.args
-    replay_population = dataclasses.replace(population, name=f"{population.name}/replay-m{member}")
-    target = replay_population.root.parent / f"replay-m{member}"
+    run, log = population.root / f"replay-m{member}", population.root / "logs" / f"replay-m{member}.log"
     for i, (start, params) in enumerate(steps):
-        end = steps[i + 1][0] if i + 1 < len(steps) else a.total_timesteps
-        segment = {"member": 0, "params": params, "end": end}
-        run = population.root / f"replay-m{member}"
-        has = bool(list_checkpoints(run / "checkpoints"))
-        if has:
-            saved = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["args"]
-            flags = [
-                "--resume",
-                str(run),
-                *flag_list({k: v for k, v in params.items() if saved.get(k.replace("-", "_")) != v}),
-            ]
-        else:
-            flags = first_flags(population, member, params)
-        argv = locate_script([sys.executable, str(population.script), *flags, "--run-name",
-                              run.relative_to("runs").as_posix(), "--no-progress"])  # fmt: skip
+        end = steps[i + 1][0] if i + 1 < len(steps) else population.args.total_timesteps
+        argv = command_for(population, run, member, params)
         print(f"[pbt] replay from step {start:,}: {shlex.join(argv)}", flush=True)
-        code = train_to(argv, population.root / "logs" / f"replay-m{member}.log", end, a)
-        if code not in STOPPED:
-            print(f"[pbt] replay failed: see {population.root / 'logs' / f'replay-m{member}.log'}", flush=True)
+        if train_to(argv, log, end, population.args) not in STOPPED:
+            print(f"[pbt] replay failed: see {log}", flush=True)
             return 1
-        del segment, replay_population, target
     print(f"[pbt] replayed member {member}'s schedule: {run}")
     return 0
 

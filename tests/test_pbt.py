@@ -13,6 +13,7 @@ import numpy as np
 import optuna
 import pytest
 import torch
+import tyro
 from optuna.trial import TrialState, create_trial
 
 from cleanrl_utils import pbt
@@ -162,6 +163,10 @@ def segments_of(cwd: Path, name: str) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials() if "member" in t.user_attrs]
 
 
+def load_pop(cwd: Path) -> optuna.Study:
+    return optuna.load_study(study_name="pop", storage=f"sqlite:///{cwd / 'runs' / 'pop' / 'optuna.db'}")
+
+
 def logged_lr(run: Path) -> dict[int, float]:
     return dict(read_scalars(run)["charts/learning_rate"])
 
@@ -228,7 +233,11 @@ def test_a_killed_worker_s_member_resumes_its_own_lineage_and_the_baseline_train
         time.sleep(0.2)
         if not (tmp_path / "runs" / "pop" / "optuna.db").exists():
             continue
-        for t in segments_of(tmp_path, "pop"):
+        try:
+            trials = segments_of(tmp_path, "pop")
+        except KeyError:  # the study is not created yet
+            continue
+        for t in trials:
             a = t.user_attrs
             if t.state == TrialState.RUNNING and a["member"] == 0 and a["generation"] == 1 and "worker" in a:
                 time.sleep(0.5)  # into its training
@@ -264,3 +273,22 @@ def test_a_killed_worker_s_member_resumes_its_own_lineage_and_the_baseline_train
     finals = [t.user_attrs["score"] for t in independent if t.user_attrs["step"] >= 1536]
     line = f"independent runs of the members' first flags and seeds): best {max(finals):.2f}, median {np.median(finals):.2f}"
     assert line in report.stdout, report.stdout[-2000:]
+
+    # --replay: one fresh run on the schedule of the member that copied (1 worker: the same every time), its
+    # flags changing at the steps the schedule says
+    population = pbt.build(tyro.cli(pbt.Args, args=flags))
+    steps, m = max(((pbt.schedule(population, load_pop(tmp_path), m), m) for m in (0, 1)), key=lambda x: len(x[0]))
+    assert len(steps) >= 2, steps
+    again = run_pbt(tmp_path, *flags, "--replay", str(m))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("[pbt] replay from step") == len(steps)
+    replayed = logged_lr(tmp_path / "runs" / "pop" / f"replay-m{m}")
+    for i, (start, params) in enumerate(steps):
+        end = steps[i + 1][0] if i + 1 < len(steps) else 1536
+        for s, value in replayed.items():
+            if start < s <= end:
+                assert value == pytest.approx((1.0 - (s // 128 - 1.0) / 12) * params["learning-rate"], rel=1e-5)
+    assert (
+        load_checkpoint(list_checkpoints(tmp_path / "runs" / "pop" / f"replay-m{m}" / "checkpoints")[-1])["global_step"]
+        == 1536
+    )
