@@ -474,11 +474,20 @@ def next_segment(population: Population, study: optuna.Study, done: FrozenTrial,
     leader = choose_leader(member, step, population.segments(study), a.fraction, rng, population.has_checkpoint)
     if leader is None:
         return segment
-    latest = standing(population.segments(study), step)
     leader_step = copy_leader(population, member, leader, step, generation)
-    params = explore(dict(latest[leader].user_attrs["params"]), population.space, rng, a.resample_probability)
+    params = explore(dict(trained_with(population, study, leader, leader_step)), population.space, rng,
+                     a.resample_probability)  # fmt: skip
     segment.update(params=params, copied=True, parent=leader, parent_step=leader_step)
     return segment
+
+
+def trained_with(population: Population, study: optuna.Study, member: int, step: int) -> dict[str, Any]:
+    """The flags the member trained its checkpoint at ``step`` with: those of its last segment that started
+    before ``step`` (a checkpoint at a segment's end belongs to that segment, not to the next one, which
+    starts there; a lost segment and its retry carry the same flags)."""
+    before = [t for t in population.segments(study) if t.user_attrs["member"] == member
+              and not t.user_attrs.get("surplus") and t.user_attrs["start"] < step]  # fmt: skip
+    return max(before, key=lambda t: (t.user_attrs["start"], t.number)).user_attrs["params"]
 
 
 def run_segment(population: Population, study: optuna.Study, trial: optuna.Trial) -> str:
