@@ -8,7 +8,8 @@ The resume rule: ``--resume`` keeps the checkpoint's settings. Flags about the m
 envs (``OUTPUT_FLAGS``: checkpoint interval and buffer, videos, the vector mode) keep the checkpoint's
 value unless given again. Any other flag given with a value different from the checkpoint's is refused
 with one line and exit code 2, except ``--total-timesteps``, which may be raised to train longer (a note
-says what that does to the schedules).
+says what that does to the schedules), and the flags in the script's ``Args.RESUMABLE`` (learning rates,
+loss coefficients, discounts...), whose new values apply from the checkpoint's step on (a note says so).
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def resumed_args(args: T, checkpoint: dict[str, Any], argv: list[str] | None = N
         allowed = ", ".join(_flag(n) for n in getattr(type(args), "RESUMABLE", ())) or "none"
         fail(
             f"{_flag(name)} {new}: the checkpoint was trained with {old}; --resume keeps the checkpoint's "
-            f"settings but {allowed} (drop the flag, or start a new run)"
+            f"settings; only {allowed} may change (drop the flag, or start a new run)"
         )
     return type(args)(**merged)
 
