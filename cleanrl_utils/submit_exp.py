@@ -182,7 +182,7 @@ def check(args: Args, extra: list[str]) -> Plan:
         # tuner or population workers: the same command N times; they share the study through its --storage
         argv = shlex.split(args.command) + extra
         script, flags = script_in(argv)
-        check_tuner(flags) if script == REPO / TUNER else check_pbt(flags)
+        check_workers(script, flags)
         return Plan("workers", in_image(args, argv), [Task("", 0, "") for _ in range(args.tasks)])
     if args.command is not None:
         if not args.env_ids:
@@ -278,44 +278,27 @@ def script_in(argv: list[str]) -> tuple[Path, list[str]]:
     return resolved, argv[index + 1 :]
 
 
-def check_pbt(flags: list[str]) -> None:
-    """The population's own command-line parsing and checks, without starting it."""
+def check_workers(script: Path, flags: list[str]) -> None:
+    """A tuner's or a population's own command-line parsing and checks, without starting it; its workers on
+    several nodes share one study, so --storage is required."""
     import contextlib
     import io
 
-    from cleanrl_utils import pbt
+    from cleanrl_utils import pbt, tuner
 
+    tool, error_class, what = (tuner, tuner.TunerError, "study") if script == REPO / TUNER else (pbt, pbt.PBTError,
+                                                                                                  "population")  # fmt: skip
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            pbt.build(tyro.cli(pbt.Args, args=flags))
+            tool.build(tyro.cli(tool.Args, args=flags))
     except SystemExit:
-        raise SubmitError(f"pbt.py: {refusal(stderr.getvalue()) or 'its command line is refused'}") from None
-    except pbt.PBTError as error:
-        raise SubmitError(f"pbt.py: {error}") from None
+        raise SubmitError(f"{script.name}: {refusal(stderr.getvalue()) or 'its command line is refused'}") from None
+    except error_class as error:
+        raise SubmitError(f"{script.name}: {error}") from None
     if not any(f.startswith("--storage") for f in flags):
-        raise SubmitError(
-            "pbt.py: give --storage (e.g. postgresql://...): workers on several nodes share one population"
-        )
-
-
-def check_tuner(flags: list[str]) -> None:
-    """The tuner's own command-line parsing and checks, without starting a study."""
-    import contextlib
-    import io
-
-    from cleanrl_utils import tuner
-
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
-            tuner.build(tyro.cli(tuner.Args, args=flags))
-    except SystemExit:
-        raise SubmitError(f"tuner.py: {refusal(stderr.getvalue()) or 'its command line is refused'}") from None
-    except tuner.TunerError as error:
-        raise SubmitError(f"tuner.py: {error}") from None
-    if not any(f.startswith("--storage") for f in flags):
-        raise SubmitError("tuner.py: give --storage (e.g. postgresql://...): workers on several nodes share one study")
+        raise SubmitError(f"{script.name}: give --storage (e.g. postgresql://...): workers on several nodes share one "
+                          f"{what}")  # fmt: skip
 
 
 def validate(script: Path, flags: list[str], world_size: int) -> None:
