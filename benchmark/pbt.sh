@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 common=(--script cleanrl/ppo_continuous_action.py --env-id HalfCheetah-v4 --population 8
-        --total-timesteps 1000000 --ready 100000 --workers "$(nproc)" --study-name pbt-halfcheetah "$@")
+        --total-timesteps 1000000 --ready 100000 --workers "$(getconf _NPROCESSORS_ONLN)" --study-name pbt-halfcheetah "$@")
 python -m cleanrl_utils.pbt "${common[@]}"
 python -m cleanrl_utils.pbt "${common[@]}" --baseline
 python -m cleanrl_utils.pbt "${common[@]}" --report

@@ -314,7 +314,9 @@ def main() -> None:
         fail(f"--env-id {args.env_id}: needs a continuous (Box) action space, got {envs.single_action_space}")
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # inside the normalisation: raw returns
     envs = obs_norm = gym.wrappers.vector.NormalizeObservation(envs)
-    envs = gym.wrappers.vector.TransformObservation(envs, lambda o: np.clip(o, -args.clip_obs, args.clip_obs))
+    envs = gym.wrappers.vector.TransformObservation(  # float32 always: gymnasium 1.1 normalises to float64
+        envs, lambda o: np.clip(o, -args.clip_obs, args.clip_obs).astype(np.float32)
+    )
     envs = reward_norm = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
     envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the rollout below relies on it
