@@ -235,6 +235,9 @@ def write_page(out_root: Path, notes: dict[str, str]) -> Path:
         if suite in notes:
             section += "\n" + notes[suite] + "\n"
         sections.append(section)
+    for name, text in notes.items():  # a heading that is no suite (population-based training): its own section
+        if name not in SUITES:
+            sections.append(f"### {name}\n\n{text}\n")
     page = out_root.parent / "benchmarks.md"
     page.write_text(PAGE_HEAD + "\n" + "\n".join(sections))
     return page

@@ -121,6 +121,8 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     for name, value in script_env().items():
         monkeypatch.setenv(name, value)
     out = tmp_path / "docs" / "benchmarks"
+    out.mkdir(parents=True)
+    (out / "notes.md").write_text("by hand\n\n## tiny\n\nA finding.\n\n## population-based training\n\nA table.\n")
     assert learning.main(["tiny", "--workers", "2", "--out", str(out)]) == 0
     runs = sorted(p.name for p in (tmp_path / "runs/bench/tiny").iterdir())
     assert runs == ["CartPole-v1__ppo__1", "CartPole-v1__ppo__2", "commits.txt"]
@@ -130,6 +132,12 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     mean, std = float(finals[0]["mean"]), float(finals[0]["std"])
     assert f"| ppo | CartPole-v1 | 2,048 | 2 | {mean:,.2f} ± {std:,.2f} | 490.04 ± 6.12 |" in page
     assert (out / "tiny" / "curves.png").stat().st_size > 10_000 and "![tiny curves](tiny/curves.png)" in page
+    # hand notes: a suite's under its table, any other heading as a section of its own after the suites
+    assert (
+        page.index("### tiny: two short seeds")
+        < page.index("A finding.")
+        < page.index("### population-based training\n\nA table.")
+    )
     logs = sorted((tmp_path / "runs/logs/bench/tiny").glob("*.json"))
     assert [json.loads(p.read_text())["returncode"] for p in logs] == [0, 0]
     before = [p.stat().st_mtime for p in logs]
