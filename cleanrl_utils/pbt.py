@@ -22,8 +22,8 @@ continues with that member's flags perturbed (explore): times 0.8 or 1.2 (discou
 their distance to 1), integers by one step, or, with probability ``--resample-probability``, drawn
 anew; always within the space. The optimizer and schedule state come from the copy, the mutated
 values from the command line (the scripts apply them after loading: an annealed learning rate anneals
-from the new base). A leader saved by N torchrun processes is continued by a member on M (the
-elastic resume).
+from the new base). ``--torchrun`` belongs to the worker, not to the population: a leader saved by N
+processes is continued by a member on a worker that runs M (the scripts' elastic re-split).
 
 Why on the tuner's storage: every segment is an Optuna trial (its user attributes hold the member,
 generation, parent, flags, step and score), so what the tuner already does for trials holds for
@@ -90,7 +90,8 @@ class Args:
     extra: str = ""
     """flags every member gets (not mutated), one string: --extra="--num-envs 4 --no-anneal-lr" """
     torchrun: int = 0
-    """processes per member under torchrun (0: python)"""
+    """processes per member under torchrun on this worker (0: python); workers with different counts may serve
+    one population (a member continues a checkpoint saved on another count: the elastic re-split)"""
     study_name: str | None = None
     """the population's name: its runs are runs/<name>/m<i> (default <script>-<env>); --baseline adds -baseline"""
     storage: str | None = None
@@ -298,10 +299,10 @@ def flag_list(params: dict[str, Any]) -> list[str]:
 
 def seed_population(population: Population) -> None:
     """Create the study (once, whoever comes first) and enqueue every member's first segment."""
-    a = population.args
+    a = population.args  # the population's identity; not --torchrun, which is each worker's own
     config = {"script": population.script.name, "env_id": a.env_id, "population": a.population,
               "total_timesteps": a.total_timesteps, "ready": a.ready, "space": population.space,
-              "extra": a.extra, "baseline": a.baseline, "seed": a.seed, "torchrun": a.torchrun}  # fmt: skip
+              "extra": a.extra, "baseline": a.baseline, "seed": a.seed}  # fmt: skip
     try:
         study = optuna.create_study(study_name=population.name, storage=open_storage(population.storage_url),
                                     load_if_exists=True, direction="maximize")  # fmt: skip
@@ -311,8 +312,9 @@ def seed_population(population: Population) -> None:
         ) from None
     saved = study.user_attrs.get("config")
     if saved is not None:
-        if saved != json.loads(json.dumps(config)):
-            key = next(k for k in config if json.loads(json.dumps(config[k])) != saved.get(k))
+        changed = [k for k in config if json.loads(json.dumps(config[k])) != saved.get(k)]  # older: more keys
+        if changed:
+            key = changed[0]
             raise PBTError(f"population {population.name} was started with {key}={saved.get(key)!r}: give another "
                            "--study-name")  # fmt: skip
         return

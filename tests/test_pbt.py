@@ -151,6 +151,32 @@ def test_bad_input_one_line_exit_2_before_any_run(tmp_path, flags, message):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.quick
+def test_a_worker_s_process_count_is_its_own_the_population_s_settings_are_fixed(tmp_path, monkeypatch):
+    """Workers running members on 2 torchrun processes and on plain python serve one population (a member
+    continues whatever count saved its checkpoint: the elastic re-split); another size is refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.json").write_text(json.dumps({"q-lr": {"low": 1e-4, "high": 1e-3}}))
+
+    def population(*flags):
+        argv = ["--script", "cleanrl/sac_continuous_action_multigpu.py", "--env-id", "Pendulum-v1", "--space",
+                "space.json", "--study-name", "pop", *flags]  # fmt: skip
+        return pbt.build(tyro.cli(pbt.Args, args=argv))
+
+    wide, plain = population("--torchrun", "2"), population()
+    pbt.seed_population(wide)
+    pbt.seed_population(plain)  # the same population: its first segments are not enqueued twice
+    assert len(load_pop(tmp_path).get_trials()) == 8
+    study = load_pop(tmp_path)  # a population begun before --torchrun left its settings: still the same one
+    study.set_user_attr("config", {**study.user_attrs["config"], "torchrun": 2})
+    pbt.seed_population(plain)
+    segment = {"member": 1, "params": {"q-lr": 5e-4}}
+    assert pbt.segment_command(wide, segment)[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert pbt.segment_command(plain, segment)[1].endswith("sac_continuous_action_multigpu.py")
+    with pytest.raises(pbt.PBTError, match="population pop was started with population=8: give another"):
+        pbt.seed_population(population("--population", "4"))
+
+
 # --------------------------------------------------------------------------------------------
 # A population of the real ppo.py
 # --------------------------------------------------------------------------------------------
