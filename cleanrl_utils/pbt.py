@@ -12,9 +12,9 @@ Members are ordinary runs of the script (``runs/<population>/m<i>``), launched a
 first segment with the member's flags, every later one with ``--resume`` and the flags that changed
 (only those in the script's ``Args.RESUMABLE``; the resume rule refuses any other change). A member
 trains ``--ready`` env steps at a time (a segment) and stops itself after its first checkpoint at or past
-the segment's end (``CLEANRL_STOP_AT_STEP``: the scripts' own SIGTERM path, exit code 143), and scores the mean of its last ``--window`` episodes up to
-that checkpoint. Then, unless it restarted from a copy in this segment (a member is not judged right
-after it restarted), it is compared with the other members' scores at or before its own step (a
+the segment's end (``CLEANRL_STOP_AT_STEP``, exit code 0, under torchrun too), and scores the mean of its
+last ``--window`` episodes up to that checkpoint. Then, unless it restarted from a copy in this segment (a
+member is not judged right after it restarted), it is compared with the other members' scores at or before its own step (a
 member ahead has trained longer: its later scores do not count), and when it ranks in the bottom
 ``--fraction`` it copies the newest complete checkpoint of a member in the top ``--fraction`` into its
 own run directory, keeping its own step counter, its own W&B run and fresh generators, and
@@ -65,7 +65,7 @@ from cleanrl_utils.tuner_spaces import load_space
 
 DISCOUNTS = {"gamma", "gae-lambda"}  # perturbed as 1 - x: 0.99 * 1.2 would leave [0, 1]
 CLAIM_SETTLE = 1.0  # seconds between signing a claimed segment and reading the signature back
-STOPPED = {0, 128 + signal.SIGTERM, -signal.SIGTERM}  # finished, or stopped at the end of its segment
+STOPPED = {0, 128 + signal.SIGTERM, -signal.SIGTERM}  # finished or at its segment's end; or SIGTERMed
 
 
 class PBTError(Exception):

@@ -48,8 +48,8 @@ T = TypeVar("T")
 # --checkpoint-interval: a preempted tuner trial or grid task loses at most this much (see
 # benchmark/checkpoint_overhead.py for what a checkpoint costs).
 CHECKPOINT_SECONDS = 300.0
-# A run given CLEANRL_STOP_AT_STEP=N stops, as SIGTERM would stop it, after its first checkpoint at or past
-# step N: a tool that trains a run in segments (cleanrl_utils/pbt.py) ends each one exactly on a checkpoint.
+# A run given CLEANRL_STOP_AT_STEP=N stops (exit code 0) after its first checkpoint at or past step N: a
+# tool that trains a run in segments (cleanrl_utils/pbt.py) ends each one exactly on a checkpoint.
 STOP_AT_STEP = "CLEANRL_STOP_AT_STEP"
 
 
@@ -410,7 +410,8 @@ class Run:
             raise RunError(f"{e}; last good checkpoint: {self.last_checkpoint or 'none'}") from None
         self.last_checkpoint, self.saved_at = path, time.perf_counter()
         if global_step >= int(os.environ.get(STOP_AT_STEP) or sys.maxsize):  # every rank: the same step
-            self.exit_on_signal(signal.SIGTERM, path, global_step)
+            note(f"stopped at step {global_step} as {STOP_AT_STEP} asked; checkpoint {path}")
+            raise SystemExit(0)  # asked for, not a fault: torchrun fails a launch whose ranks exit non-zero
         return path
 
     def save_model(self, keys: list[str]) -> Path:

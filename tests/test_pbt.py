@@ -177,6 +177,36 @@ def test_a_worker_s_process_count_is_its_own_the_population_s_settings_are_fixed
         pbt.seed_population(population("--population", "4"))
 
 
+@pytest.mark.timeout(600)
+def test_a_leader_saved_by_two_processes_is_continued_by_a_member_on_one(tmp_path, monkeypatch):
+    """Exploit across process counts: member 1 trains its segment on 2 torchrun processes, member 0 on one;
+    member 0 copies member 1 (the leader's weights at its own step) and continues on 1 process, re-split."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in script_env().items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "space.json").write_text(json.dumps({"q-lr": {"low": 1e-4, "high": 1e-3}}))
+    argv = ["--script", "cleanrl/sac_continuous_action_multigpu.py", "--env-id", "Pendulum-v1", "--space",
+            "space.json", "--study-name", "pop", "--population", "2", "--total-timesteps", "256", "--ready", "128",
+            "--extra=--num-envs 2 --learning-starts 64 --batch-size 16 --no-cuda"]  # fmt: skip
+    wide, plain = (pbt.build(tyro.cli(pbt.Args, args=argv + more)) for more in (["--torchrun", "2"], []))
+    for population, member in ((wide, 1), (plain, 0)):
+        run = population.run_dir(member)
+        code = pbt.train_to(pbt.command_for(population, run, member, {"q-lr": 5e-4}), tmp_path / f"m{member}.log",
+                            128, population.args)  # fmt: skip
+        assert code in pbt.STOPPED, (tmp_path / f"m{member}.log").read_text()[-3000:]
+    leader = load_checkpoint(list_checkpoints(wide.run_dir(1) / "checkpoints")[-1])
+    assert leader["world_size"] == 2 and len(leader["ranks"]) == 2
+    assert pbt.copy_leader(plain, 0, 1, 128, 1) == leader["global_step"]
+    copied = load_checkpoint(list_checkpoints(plain.run_dir(0) / "checkpoints")[-1])
+    assert copied["run_name"] == "pop/m0" and copied["args"]["seed"] == 1 and copied["world_size"] == 2
+    log = tmp_path / "m0-after.log"
+    code = pbt.train_to(pbt.command_for(plain, plain.run_dir(0), 0, {"q-lr": 6e-4}), log, 256, plain.args)
+    assert code == 0, log.read_text()[-3000:]
+    assert "(2 processes -> 1)\n--q-lr 0.0006: changed on resume (trained so far with 0.0005)" in log.read_text()
+    final = load_checkpoint(list_checkpoints(plain.run_dir(0) / "checkpoints")[-1])
+    assert final["global_step"] >= 256 and final["world_size"] == 1 and final["args"]["q_lr"] == 6e-4
+
+
 # --------------------------------------------------------------------------------------------
 # A population of the real ppo.py
 # --------------------------------------------------------------------------------------------
