@@ -713,14 +713,11 @@ def test_slurm_pbt_array_requeued_task_s_member_resumes_its_lineage(slurm, tmp_p
     def a_later_segment_of_task_1():
         for t in segments():
             a = t.user_attrs
-            if (
-                t.state.name == "RUNNING"
-                and a["generation"] >= 1
-                and _task_of(a.get("worker", {}).get("pid")) == f"{job}_1"
-            ):
-                log = tmp_path / "runs" / "pop" / "logs" / f"m{a['member']}.log"
-                if log.exists() and log.read_text().count("resuming from") >= a["generation"]:  # it is training
-                    return t
+            # training: this start's event file exists (the run's SIGTERM handler comes right after it)
+            starts = len(list((tmp_path / "runs" / "pop" / f"m{a['member']}").glob("events.out.tfevents.*")))
+            task = _task_of(a.get("worker", {}).get("pid"))
+            if t.state.name == "RUNNING" and a["generation"] >= 1 and task == f"{job}_1" and starts > a["generation"]:
+                return t
         return None
 
     victim = wait_for(a_later_segment_of_task_1, 150, "task 1 to be training a later segment")
