@@ -643,15 +643,16 @@ def report(population: Population) -> dict[str, Any]:
     failed = {t.user_attrs["member"]: t.user_attrs.get("error") or lost.get(f"error:{t.number}")
               for t in population.segments(study) if t.state == TrialState.FAIL}  # fmt: skip
     failed = {member: error for member, error in failed.items() if error}
-    figures = {"finished": sorted(final), "failed": failed, "scores": [s for s, _ in scores]}
+    figures = {"finished": sorted(final), "failed": failed, "scores": [s for s, _ in scores], "wall_s": wall_s(done)}
     print(table)
     if scores:
         best_score, best = scores[-1]
         steps = schedule(population, study, best)
         figures.update(best=best, best_score=best_score, median=float(np.median([s for s, _ in scores])),
-                       schedule=steps, checkpoint=str(list_checkpoints(population.run_dir(best) / "checkpoints")[-1]))  # fmt: skip
+                       std=float(np.std([s for s, _ in scores])), schedule=steps, checkpoint=str(list_checkpoints(population.run_dir(best) / "checkpoints")[-1]))  # fmt: skip
         print(f"\nbest member {best}: score {best_score:.2f} (median {figures['median']:.2f} over "
-              f"{len(scores)} members); checkpoint {figures['checkpoint']}")  # fmt: skip
+              f"{len(scores)} members; {figures['wall_s'] / 3600:.2f} h from first start to last end); checkpoint "
+              f"{figures['checkpoint']}")  # fmt: skip
         print("its schedule (from step: flags): " + "; ".join(f"{s:,}: {p}" for s, p in steps))
         replay = [sys.executable, "-m", "cleanrl_utils.pbt", "--script", str(population.script), "--env-id",
                   population.args.env_id, "--study-name", population.name, "--replay", str(best)]  # fmt: skip
@@ -661,12 +662,14 @@ def report(population: Population) -> dict[str, Any]:
             if figures["baseline"]:
                 b = figures["baseline"]
                 print(f"baseline ({population.name}-baseline: {b['runs']} independent runs of the members' first flags "
-                      f"and seeds): best {b['best']:.2f}, median {b['median']:.2f}; population: best {best_score:.2f}, "
-                      f"median {figures['median']:.2f}")  # fmt: skip
+                      f"and seeds): best {b['best']:.2f}, median {b['median']:.2f}, std {b['std']:.2f}, "
+                      f"{b['wall_s'] / 3600:.2f} h; population: best {best_score:.2f}, median {figures['median']:.2f}, "
+                      f"std {figures['std']:.2f}")  # fmt: skip
             else:
                 print(f"baseline: none finished yet (the same command with --baseline trains it: {population.name}-"
                       "baseline)")  # fmt: skip
         plot_schedules(population, study, population.root / "schedules.png")
+        plot_curves(population, population.root / "curves.png")
         (population.root / "best.json").write_text(
             json.dumps({k: v for k, v in figures.items() if k != "failed"}, indent=2, default=str)
         )
@@ -683,11 +686,49 @@ def baseline_figures(population: Population) -> dict[str, Any] | None:
     except (KeyError, ValueError):  # no such study
         return None
     total = population.args.total_timesteps
-    final = [score_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-             if "member" in t.user_attrs and t.user_attrs["step"] >= total]  # fmt: skip
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "member" in t.user_attrs]
+    final = [score_of(t) for t in done if t.user_attrs["step"] >= total]
     if not final:
         return None
-    return {"runs": len(final), "best": max(final), "median": float(np.median(final))}
+    return {"runs": len(final), "best": max(final), "median": float(np.median(final)), "std": float(np.std(final)),
+            "scores": sorted(final), "wall_s": wall_s(done)}  # fmt: skip
+
+
+def wall_s(segments: list[FrozenTrial]) -> float:
+    """Seconds from the first segment's start to the last one's end (the wall time of the whole population)."""
+    starts = [t.datetime_start for t in segments if t.datetime_start]
+    ends = [t.datetime_complete for t in segments if t.datetime_complete]
+    return (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
+
+
+def plot_curves(population: Population, path: Path) -> None:
+    """Every member's training return (a 20-episode trailing mean) against its env steps, beside the
+    baseline's independent runs when they exist; a copy shows as a jump in the member's curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    roots = [(population.root, "population", "tab:blue")]
+    if not population.args.baseline:
+        roots.append((Path("runs") / f"{population.name}-baseline", "baseline (independent)", "tab:gray"))
+    for root, label, color in roots:
+        for member in range(population.args.population):  # (one legend entry per group)
+            series = ScalarReader(root / f"m{member}").update().get("charts/episodic_return")
+            if series is None or not series.values:
+                continue
+            smooth = np.convolve(series.values, np.ones(20) / 20, "valid") if len(series.values) >= 20 else []
+            ax.plot(series.steps[len(series.steps) - len(smooth) :], smooth, color=color, lw=1, alpha=0.8,
+                    label=label)  # fmt: skip
+            label = None
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episodic return (20-episode mean)")
+    ax.set_title(f"{population.script.stem} on {population.args.env_id}: {population.args.population} members")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def plot_schedules(population: Population, study: optuna.Study, path: Path) -> None:

@@ -327,8 +327,12 @@ def test_a_killed_worker_s_member_resumes_its_own_lineage_and_the_baseline_train
     assert {t.user_attrs["member"]: t.user_attrs["params"] for t in independent} == first  # never explored
     report = run_pbt(tmp_path, *flags, "--report")
     finals = [t.user_attrs["score"] for t in independent if t.user_attrs["step"] >= 1536]
-    line = f"independent runs of the members' first flags and seeds): best {max(finals):.2f}, median {np.median(finals):.2f}"
+    line = (f"independent runs of the members' first flags and seeds): best {max(finals):.2f}, median "
+            f"{np.median(finals):.2f}, std {np.std(finals):.2f}, ")  # fmt: skip
     assert line in report.stdout, report.stdout[-2000:]
+    best = json.loads((tmp_path / "runs" / "pop" / "best.json").read_text())["baseline"]
+    assert best["scores"] == sorted(finals) and 0 < best["wall_s"] < 600
+    assert (tmp_path / "runs" / "pop" / "curves.png").stat().st_size > 10_000  # the population beside its baseline
 
     # --replay: one fresh run on the schedule of the member that copied (1 worker: the same every time), its
     # flags changing at the steps the schedule says
