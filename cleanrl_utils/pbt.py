@@ -465,7 +465,7 @@ def reseeded(checkpoint: dict[str, Any], salt: list[int]) -> dict[str, Any]:
 def next_segment(population: Population, study: optuna.Study, done: FrozenTrial, step: int) -> dict | None:
     """The member's next segment after ``done`` ended at ``step`` (None: it has trained its budget)."""
     a, attrs = population.args, done.user_attrs
-    if step >= a.total_timesteps:
+    if done.user_attrs.get("final") or step >= a.total_timesteps:
         return None
     member, generation = attrs["member"], attrs["generation"] + 1
     rng = np.random.default_rng([a.seed, member, generation, 7])
@@ -503,12 +503,16 @@ def run_segment(population: Population, study: optuna.Study, trial: optuna.Trial
     if _worker_state["stopping"]:  # not told: the segment is lost, and resumes from the run's checkpoint
         os._exit(128 + signal.SIGTERM)
     member = trial.user_attrs["member"]
-    if code not in STOPPED or step < min(trial.user_attrs["end"], population.args.total_timesteps):
+    # the last segment is not stopped: exit code 0 says the run trained its budget, which the script may round
+    # down to whole iterations (PPO at 1M steps and 2,048 per iteration: 999,424)
+    final = trial.user_attrs["end"] >= population.args.total_timesteps and code == 0
+    if code not in STOPPED or (step < trial.user_attrs["end"] and not final):
         log = population.root / "logs" / f"m{member}.log"
         trial.set_user_attr("error", f"exit code {code} at step {step}; log {log}")
         study.tell(trial, state=TrialState.FAIL)
         return f"[pbt] member {member} failed (exit code {code}, step {step}): see {log}"
     value = score(population, member, step)
+    trial.set_user_attr("final", final)
     trial.set_user_attr("step", step)
     trial.set_user_attr("score", value)
     study.tell(trial, -math.inf if value is None else value)
@@ -626,7 +630,7 @@ def report(population: Population) -> dict[str, Any]:
     """Print and write the lineage table, the schedule plot and the best member; return the figures."""
     study = population.study()
     done = [t for t in population.segments(study) if t.state == TrialState.COMPLETE]
-    final = {t.user_attrs["member"]: t for t in done if t.user_attrs["step"] >= population.args.total_timesteps}
+    final = {t.user_attrs["member"]: t for t in done if finished(t, population.args.total_timesteps)}
     rows = sorted(done, key=lambda t: (t.user_attrs["member"], t.user_attrs["start"]))
     lines = ["| member | generation | steps | score | parent | flags |", "| ---: | ---: | --- | ---: | --- | --- |"]
     for t in rows:
@@ -687,11 +691,16 @@ def baseline_figures(population: Population) -> dict[str, Any] | None:
         return None
     total = population.args.total_timesteps
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "member" in t.user_attrs]
-    final = [score_of(t) for t in done if t.user_attrs["step"] >= total]
+    final = [score_of(t) for t in done if finished(t, total)]
     if not final:
         return None
     return {"runs": len(final), "best": max(final), "median": float(np.median(final)), "std": float(np.std(final)),
             "scores": sorted(final), "wall_s": wall_s(done)}  # fmt: skip
+
+
+def finished(segment: FrozenTrial, total: int) -> bool:
+    """The member's last segment: it trained its budget (``final``), or reached ``total`` steps."""
+    return bool(segment.user_attrs.get("final")) or segment.user_attrs["step"] >= total
 
 
 def wall_s(segments: list[FrozenTrial]) -> float:

@@ -227,6 +227,19 @@ def logged_lr(run: Path) -> dict[int, float]:
     return dict(read_scalars(run)["charts/learning_rate"])
 
 
+@pytest.mark.timeout(600)
+def test_a_budget_the_script_rounds_down_to_whole_iterations_still_finishes(tmp_path):
+    """--total-timesteps 320 with 128 steps per iteration: each run trains 256 (whole iterations) and exits 0;
+    its last segment counts as finished (not as failed below 320), and the report finds every member."""
+    flags = ["--population", "2", "--total-timesteps", "320", "--ready", "128", "--study-name", "pop", *SMALL]
+    proc = run_pbt(tmp_path, *flags)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = [t for t in segments_of(tmp_path, "pop") if t.user_attrs["end"] == 320]
+    assert sorted(t.user_attrs["member"] for t in last) == [0, 1]
+    assert all(t.state == TrialState.COMPLETE and t.user_attrs["final"] and t.user_attrs["step"] == 256 for t in last)
+    assert "best member " in proc.stdout and "did not finish" not in proc.stdout
+
+
 @pytest.mark.timeout(900)
 def test_population_exploits_explores_and_the_mutated_learning_rate_reaches_the_logs(tmp_path):
     (tmp_path / "space.json").write_text(json.dumps({"learning-rate": {"low": 1e-4, "high": 1e-2, "log": True},
