@@ -204,7 +204,7 @@ def report(suite: str, out_root: Path) -> str | None:
             lines.append(
                 f"| {r.exp} | {env} | {int(final['steps']):,} | {final['seeds']} | {ours} | {theirs} | {wall} | {sps} |"
             )
-    lines += ["", f"![{suite} curves]({suite}/curves.png)", ""]
+    lines += ["", f"![{suite} curves]({out_root.name}/{suite}/curves.png)", ""]  # relative to the page, beside out_root
     return "\n".join(lines)
 
 

@@ -131,7 +131,9 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     page = (tmp_path / "docs" / "benchmarks.md").read_text()
     mean, std = float(finals[0]["mean"]), float(finals[0]["std"])
     assert f"| ppo | CartPole-v1 | 2,048 | 2 | {mean:,.2f} ± {std:,.2f} | 490.04 ± 6.12 |" in page
-    assert (out / "tiny" / "curves.png").stat().st_size > 10_000 and "![tiny curves](tiny/curves.png)" in page
+    assert (
+        out / "tiny" / "curves.png"
+    ).stat().st_size > 10_000 and "![tiny curves](benchmarks/tiny/curves.png)" in page
     # hand notes: a suite's under its table, any other heading as a section of its own after the suites
     assert (
         page.index("### tiny: two short seeds")
