@@ -14,10 +14,10 @@ first segment with the member's flags, every later one with ``--resume`` and the
 trains ``--ready`` env steps at a time (a segment) and stops itself after its first checkpoint at or past
 the segment's end (``CLEANRL_STOP_AT_STEP``, exit code 0, under torchrun too), and scores the mean of its
 last ``--window`` episodes up to that checkpoint. Then, unless it restarted from a copy in this segment (a
-member is not judged right after it restarted), it is compared with the other members' scores at or before its own step (a
-member ahead has trained longer: its later scores do not count), and when it ranks in the bottom
-``--fraction`` it copies the newest complete checkpoint of a member in the top ``--fraction`` into its
-own run directory, keeping its own step counter, its own W&B run and fresh generators, and
+member is not judged right after it restarted), it is compared with the other members' scores at or
+before its own step (a member ahead has trained longer: its later scores do not count), and when it ranks
+in the bottom ``--fraction`` it copies the newest complete checkpoint of a member in the top
+``--fraction`` into its own run directory, keeping its own step counter, its own W&B run and fresh generators, and
 continues with that member's flags perturbed (explore): times 0.8 or 1.2 (discounts such as gamma:
 their distance to 1), integers by one step, or, with probability ``--resample-probability``, drawn
 anew; always within the space. The optimizer and schedule state come from the copy, the mutated
@@ -652,8 +652,10 @@ def report(population: Population) -> dict[str, Any]:
     if scores:
         best_score, best = scores[-1]
         steps = schedule(population, study, best)
-        figures.update(best=best, best_score=best_score, median=float(np.median([s for s, _ in scores])),
-                       std=float(np.std([s for s, _ in scores])), schedule=steps, checkpoint=str(list_checkpoints(population.run_dir(best) / "checkpoints")[-1]))  # fmt: skip
+        values = [s for s, _ in scores]
+        newest = list_checkpoints(population.run_dir(best) / "checkpoints")[-1]
+        figures.update(best=best, best_score=best_score, median=float(np.median(values)), std=float(np.std(values)),
+                       schedule=steps, checkpoint=str(newest))  # fmt: skip
         print(f"\nbest member {best}: score {best_score:.2f} (median {figures['median']:.2f} over "
               f"{len(scores)} members; {figures['wall_s'] / 3600:.2f} h from first start to last end); checkpoint "
               f"{figures['checkpoint']}")  # fmt: skip
