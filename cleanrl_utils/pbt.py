@@ -465,7 +465,7 @@ def reseeded(checkpoint: dict[str, Any], salt: list[int]) -> dict[str, Any]:
 def next_segment(population: Population, study: optuna.Study, done: FrozenTrial, step: int) -> dict | None:
     """The member's next segment after ``done`` ended at ``step`` (None: it has trained its budget)."""
     a, attrs = population.args, done.user_attrs
-    if done.user_attrs.get("final") or step >= a.total_timesteps:
+    if finished(done, a.total_timesteps):
         return None
     member, generation = attrs["member"], attrs["generation"] + 1
     rng = np.random.default_rng([a.seed, member, generation, 7])
@@ -720,6 +720,8 @@ def plot_curves(population: Population, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from cleanrl_utils.plot import smooth  # the trailing mean of the curves in docs/benchmarks.md
+
     fig, ax = plt.subplots(figsize=(7, 4))
     roots = [(population.root, "population", "tab:blue")]
     if not population.args.baseline:
@@ -729,8 +731,7 @@ def plot_curves(population: Population, path: Path) -> None:
             series = ScalarReader(root / f"m{member}").update().get("charts/episodic_return")
             if series is None or not series.values:
                 continue
-            smooth = np.convolve(series.values, np.ones(20) / 20, "valid") if len(series.values) >= 20 else []
-            ax.plot(series.steps[len(series.steps) - len(smooth) :], smooth, color=color, lw=1, alpha=0.8,
+            ax.plot(series.steps, smooth(np.asarray(series.values, dtype=float), 20), color=color, lw=1, alpha=0.8,
                     label=label)  # fmt: skip
             label = None
     ax.set_xlabel("env steps")
