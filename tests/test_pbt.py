@@ -18,6 +18,7 @@ from optuna.trial import TrialState, create_trial
 
 from cleanrl_utils import pbt
 from cleanrl_utils.checkpoint import list_checkpoints, load_checkpoint
+from cleanrl_utils.trials import open_storage
 from tests.conftest import REPO, read_scalars, script_env
 
 PBT = [sys.executable, "-m", "cleanrl_utils.pbt"]
@@ -214,13 +215,13 @@ def run_pbt(cwd: Path, *flags: str, timeout: float = 600) -> subprocess.Complete
     return subprocess.run([*PBT, *flags], cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def load_pop(cwd: Path, name: str = "pop") -> optuna.Study:
+    """The study as the population opens it (a new database's tables made once, whoever comes first)."""
+    return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{cwd / 'runs' / name / 'optuna.db'}"))
+
+
 def segments_of(cwd: Path, name: str) -> list[optuna.trial.FrozenTrial]:
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{cwd / 'runs' / name / 'optuna.db'}")
-    return [t for t in study.get_trials() if "member" in t.user_attrs]
-
-
-def load_pop(cwd: Path) -> optuna.Study:
-    return optuna.load_study(study_name="pop", storage=f"sqlite:///{cwd / 'runs' / 'pop' / 'optuna.db'}")
+    return [t for t in load_pop(cwd, name).get_trials() if "member" in t.user_attrs]
 
 
 def logged_lr(run: Path) -> dict[int, float]:

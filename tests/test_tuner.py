@@ -24,6 +24,7 @@ import pytest
 from cleanrl_utils import tuner
 from cleanrl_utils.scores import aggregate, atari_game, normalize, reference_scores
 from cleanrl_utils.tb import ScalarReader
+from cleanrl_utils.trials import open_storage
 from tests.conftest import REPO, processes_with_marker, script_env
 
 FAKE = str(REPO / "tests" / "fake_train.py")
@@ -49,11 +50,8 @@ def run_tuner(cwd: Path, *args: str, env=None, timeout: float = 300) -> subproce
 
 
 def load(storage: str, study: str) -> optuna.Study:
-    if "://" not in storage:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-        storage = JournalStorage(JournalFileBackend(storage))
-    return optuna.load_study(study_name=study, storage=storage)
+    """The study as the tuner opens it (a journal file path or a URL; a new database's tables made once)."""
+    return optuna.load_study(study_name=study, storage=open_storage(storage))
 
 
 def trials_by_state(study: optuna.Study) -> dict[str, list]:
@@ -218,6 +216,40 @@ def test_postgresql_study_two_workers(tmp_path, postgres):
     assert len(states["COMPLETE"]) == 4 and set(states) == {"COMPLETE"}, states.keys()
     for t in states["COMPLETE"]:  # last return of seed 1: 500 q + 0.01, normalised by CartPole's 0..500
         assert t.value == pytest.approx(float(np.float32(500 * t.params["quality"] + 0.01)) / 500, rel=1e-6)
+
+
+def _open_together(url: str, barrier, results) -> None:
+    barrier.wait()
+    try:
+        optuna.create_study(study_name="s", storage=open_storage(url), load_if_exists=True)
+        results.put("ok")
+    except Exception as error:
+        results.put(f"{type(error).__name__}: {str(error)[:200]}")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_processes_opening_a_new_database_together_all_get_the_study(tmp_path, request, kind):
+    """A SLURM array's tasks start at once and each opens the storage: they race to create the tables of a
+    new database, and none may lose (the loser's CREATE TABLE or version row is refused by the winner's)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # nothing is connected before the fork
+    postgres = request.getfixturevalue("postgres") if kind == "postgresql" else None
+    for round_ in range(6):  # without the retry, 4 processes lose at least once in most rounds
+        if postgres:
+            url = postgres.rsplit("/", 1)[0] + f"/r{round_}"
+            subprocess.run(["psql", postgres, "-qc", f"CREATE DATABASE r{round_}"], check=True, capture_output=True)
+        else:
+            url = f"sqlite:///{tmp_path / f'r{round_}.db'}"
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_open_together, args=(url, barrier, results)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        assert outcomes == ["ok"] * 4, outcomes
+        assert [s.study_name for s in optuna.get_all_study_summaries(url)] == ["s"]
 
 
 def _closed_port() -> int:
