@@ -162,3 +162,35 @@ def test_the_pool_counts_a_torchrun_run_as_its_processes(tmp_path):
     overlaps = lambda x, y: spans[x][0] < spans[y][1] and spans[y][0] < spans[x][1]  # noqa: E731
     assert not any(overlaps("wide", other) for other in "abc")
     assert overlaps("b", "c")
+
+
+def test_dqn_divergence_sets_sb3_beside_the_q_values_and_returns_the_run_logged(tmp_path):
+    """benchmark/dqn_divergence.py: SB3's DQN gets dqn.py's defaults, and each row carries the run's own
+    losses/q_values at the nearest logged step and the mean of its last 100 returns up to that step."""
+    pytest.importorskip("stable_baselines3")
+    from torch.utils.tensorboard import SummaryWriter
+
+    from cleanrl.dqn import Args
+
+    writer = SummaryWriter(str(tmp_path / "run"))
+    for step, q in [(900, 5.0), (1050, 7.0), (1950, 9.0), (2300, 11.0)]:
+        writer.add_scalar("losses/q_values", q, step)
+    returns = {step: float(step % 37) for step in range(10, 2400, 10)}  # 239 episodes
+    for step, r in returns.items():
+        writer.add_scalar("charts/episodic_return", r, step)
+    writer.close()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "dqn_divergence.py"), "--steps", "2000", "--every", "1000",
+         "--ours", str(tmp_path / "run")], env=script_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = Args()
+    assert (f"learning_rate={d.learning_rate}, gradient_steps={d.gradient_steps}, "
+            f"target_network_frequency={d.target_network_frequency}") in proc.stdout  # fmt: skip
+    rows = [line.strip("| ").split(" | ") for line in proc.stdout.splitlines() if line.startswith("| 1,000 |")
+            or line.startswith("| 2,000 |")]  # fmt: skip
+    assert [r[0] for r in rows] == ["1,000", "2,000"], proc.stdout
+    for row, step, q in zip(rows, (1000, 2000), (7.0, 9.0)):
+        last = [r for s, r in returns.items() if s <= step][-100:]
+        assert row[3] == f"{q:,.1f}" and row[4] == f"{sum(last) / len(last):.1f}", row
+        assert abs(float(row[1].replace(",", ""))) < 100.0  # SB3's Q this early: finite, below the bound
