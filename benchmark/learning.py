@@ -64,6 +64,8 @@ SUITES: dict[str, list[Row]] = {
         row("dqn", "python cleanrl/dqn.py", ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
         row("dqn_cleanrl_settings", f"python cleanrl/dqn.py --exp-name dqn_cleanrl_settings {DQN_CLEANRL}",
             ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
+        row("dqn_target500", "python cleanrl/dqn.py --exp-name dqn_target500 --target-network-frequency 500",
+            ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
         row("appo", "python cleanrl/appo.py", ["CartPole-v1"], 500_000, 3),
     ],
     "mujoco": [

@@ -14,7 +14,11 @@ on seeds 1-5, 4 of them still there at the end of the 60k steps (a 256-256 Q-net
 steps of batch 128 every 16 env steps, a target copy every 128 env steps, lr 5e-4, epsilon to 0.01
 over 16% of the run, 1k steps of warm-up) where CleanRL's (120-84 network, 1 step every 10, target
 every 500, lr 2.5e-4, 10k warm-up, 500k steps) need several hundred thousand. The RL Zoo's CartPole
-settings oscillated between 100 and 400 for 60k steps here and in Stable-Baselines3 alike.
+settings oscillated between 100 and 400 for 60k steps here and in Stable-Baselines3 alike. These
+defaults are for short runs: over 500k steps (epsilon then decays over 80k) their Q-values pass the
+bound 1 / (1 - gamma) by 20k steps and never stop climbing, as Stable-Baselines3's DQN does with the
+same settings (benchmark/dqn_divergence.sh); ``--target-network-frequency 500`` alone holds them
+(docs/benchmarks.md), but reaches 400 later than 60k.
 ``--cuda`` is off by default: this small MLP is faster on the CPU.
 
 Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
