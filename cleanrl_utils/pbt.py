@@ -15,8 +15,9 @@ trains ``--ready`` env steps at a time (a segment) and stops itself after its fi
 the segment's end (``CLEANRL_STOP_AT_STEP``, exit code 0, under torchrun too), and scores the mean of its
 last ``--window`` episodes up to that checkpoint. Then, unless it restarted from a copy in this segment (a
 member is not judged right after it restarted), it is compared with the other members' scores at or
-before its own step (a member ahead has trained longer: its later scores do not count), and when it ranks
-in the bottom ``--fraction`` it copies the newest complete checkpoint of a member in the top
+before its own step (a member ahead has trained longer: its later scores do not count; at least
+``--quorum`` of the population must have one, so the first members to end a segment are not ranked as a
+pair), and when it ranks in the bottom ``--fraction`` it copies the newest complete checkpoint of a member in the top
 ``--fraction`` into its own run directory, keeping its own step counter, its own W&B run and fresh generators, and
 continues with that member's flags perturbed (explore): times 0.8 or 1.2 (discounts such as gamma:
 their distance to 1), integers by one step, or, with probability ``--resample-probability``, drawn
@@ -100,6 +101,9 @@ class Args:
     """segments trained at the same time by this process"""
     fraction: float = 0.25
     """truncation selection: the bottom fraction copies a member of the top fraction"""
+    quorum: float = 0.5
+    """a member is judged only when this share of the population (2 members at least) has a score at or before
+    its step: the first members of an asynchronous population to end a segment are not ranked as a pair"""
     resample_probability: float = 0.25
     """explore: a mutated flag is drawn anew from the space with this probability, else perturbed"""
     window: int = 20
@@ -177,15 +181,16 @@ def standing(segments: list[FrozenTrial], step: int) -> dict[int, FrozenTrial]:
 
 
 def choose_leader(me: int, step: int, segments: list[FrozenTrial], fraction: float, rng: np.random.Generator,
-                  has_checkpoint) -> int | None:  # fmt: skip
-    """The member ``me`` copies after its segment ending at ``step``: None unless it ranks in the bottom
-    ``fraction`` of the members compared at ``step``; then one of the top ``fraction`` that has a checkpoint."""
+                  has_checkpoint, quorum: int = 2) -> int | None:  # fmt: skip
+    """The member ``me`` copies after its segment ending at ``step``: None unless at least ``quorum`` members
+    (2 at least) are compared at ``step`` and it ranks in their bottom ``fraction``; then one of the top
+    ``fraction`` that has a checkpoint."""
     latest = standing(segments, step)
     if me not in latest or latest[me].user_attrs.get("copied"):  # just restarted from a copy: not judged yet
         return None
     ranked = sorted(latest, key=lambda m: score_of(latest[m]), reverse=True)
     cut = max(1, int(len(ranked) * fraction))
-    if len(ranked) < 2 or me not in ranked[-cut:]:
+    if len(ranked) < max(2, quorum) or me not in ranked[-cut:]:
         return None
     leaders = [m for m in ranked[:cut] if m != me and has_checkpoint(m)]
     return int(rng.choice(leaders)) if leaders else None
@@ -240,6 +245,8 @@ def build(args: Args) -> Population:
         raise PBTError(f"--population {args.population}: a population needs at least 2 members")
     if not 0 < args.fraction <= 0.5:
         raise PBTError(f"--fraction {args.fraction}: must be in (0, 0.5]")
+    if not 0 < args.quorum <= 1:
+        raise PBTError(f"--quorum {args.quorum}: must be in (0, 1]")
     resumable = tuple(getattr(load_script(script).Args, "RESUMABLE", ()))
     space = load_space(args.space) if args.space else default_space(script, resumable)
     bad = sorted(k for k, v in space.items() if isinstance(v, dict | list) and k.replace("-", "_") not in resumable)
@@ -473,7 +480,8 @@ def next_segment(population: Population, study: optuna.Study, done: FrozenTrial,
                "params": dict(attrs["params"])}  # fmt: skip
     if a.baseline:
         return segment
-    leader = choose_leader(member, step, population.segments(study), a.fraction, rng, population.has_checkpoint)
+    leader = choose_leader(member, step, population.segments(study), a.fraction, rng, population.has_checkpoint,
+                           math.ceil(a.quorum * a.population))  # fmt: skip
     if leader is None:
         return segment
     leader_step = copy_leader(population, member, leader, step, generation)

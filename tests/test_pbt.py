@@ -86,6 +86,41 @@ def test_choose_leader_bottom_copies_top_with_a_checkpoint_never_right_after_a_c
     assert pbt.standing([*four[:3], running], 100).keys() == {0, 1, 2}
     # a single member has nobody to copy
     assert pbt.choose_leader(0, 100, four[:1], 0.25, rng, yes) is None
+    # the first members to end a segment wait for a quorum: a pair is not ranked when 3 must be
+    assert pbt.choose_leader(0, 100, [four[0], four[3]], 0.5, rng, yes, quorum=3) is None
+    assert pbt.choose_leader(0, 100, [four[0], four[1], four[3]], 0.5, rng, yes, quorum=3) == 3
+
+
+@pytest.mark.quick
+def test_next_segment_ranks_a_member_only_when_the_population_s_quorum_has_scores(tmp_path, monkeypatch):
+    """8 members, --quorum 0.5: the worst of 3 scored members is not judged; the worst of 4 copies."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.json").write_text(json.dumps({"learning-rate": {"low": 1e-4, "high": 1e-2, "log": True}}))
+    population = pbt.build(tyro.cli(pbt.Args, args=["--script", "cleanrl/ppo.py", "--population", "8", "--quorum",
+                                                    "0.5", "--total-timesteps", "1000", "--ready", "100", "--space",
+                                                    "space.json", "--study-name", "pop"]))  # fmt: skip
+
+    class Copied(Exception):
+        pass
+
+    def copy_leader(*args):
+        raise Copied(args)
+
+    monkeypatch.setattr(pbt, "copy_leader", copy_leader)
+    monkeypatch.setattr(pbt.Population, "has_checkpoint", lambda self, member: True)
+    scored = [segment(m, 100, 10.0 * (m + 1)) for m in range(4)]
+
+    class Study:
+        def __init__(self, trials):
+            self.trials = trials
+
+        def get_trials(self, deepcopy=True):
+            return self.trials
+
+    nxt = pbt.next_segment(population, Study(scored[:3]), scored[0], 100)
+    assert nxt is not None and nxt["start"] == 100 and "parent" not in nxt  # 3 of 8 scored: not judged
+    with pytest.raises(Copied):
+        pbt.next_segment(population, Study(scored), scored[0], 100)  # 4 of 8: the worst copies
 
 
 @pytest.mark.quick
@@ -136,6 +171,7 @@ def test_reseeded_copy_draws_differently_from_its_leader_and_from_other_copies()
     [
         (["--population", "1"], "--population 1: a population needs at least 2 members"),
         (["--fraction", "0.7"], "--fraction 0.7: must be in (0, 0.5]"),
+        (["--quorum", "0"], "--quorum 0.0: must be in (0, 1]"),
         (["--ready", "0"], "--ready 0: must be a positive integer"),
         (["--space", "SPACE"], "--space: num-steps may not change on resume (the script allows --learning-rate"),
         (["--extra=--num-envs 0"], "member 0: --num-envs 0"),
