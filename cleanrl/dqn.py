@@ -17,8 +17,8 @@ every 500, lr 2.5e-4, 10k warm-up, 500k steps) need several hundred thousand. Th
 settings oscillated between 100 and 400 for 60k steps here and in Stable-Baselines3 alike. These
 defaults are for short runs: over 500k steps (epsilon then decays over 80k) their Q-values pass the
 bound 1 / (1 - gamma) by 20k steps and never stop climbing, as Stable-Baselines3's DQN does with the
-same settings (benchmark/dqn_divergence.sh); ``--target-network-frequency 500`` alone holds them
-(docs/benchmarks.md), but reaches 400 later than 60k.
+same settings (benchmark/dqn_divergence.sh). ``--target-network-frequency 500`` alone holds them but
+learns less than CleanRL's values, which long runs should pass (docs/benchmarks.md).
 ``--cuda`` is off by default: this small MLP is faster on the CPU.
 
 Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
