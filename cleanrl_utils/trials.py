@@ -47,23 +47,22 @@ def open_storage(url: str):
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    for attempt in range(10):
+    for attempt in range(9):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         except Exception as error:
             # Processes started together (a SLURM array's tasks) race to create the tables of a new
             # database: the loser's CREATE TABLE or version row is refused; by then the winner made them.
-            if attempt == 9 or not _schema_race(error):
+            if not _schema_race(error):
                 raise
             time.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)  # the last try raises what it meets
 
 
 def _schema_race(error: BaseException) -> bool:
     from sqlalchemy.exc import DBAPIError, IntegrityError
 
-    text = str(error)
-    return isinstance(error, IntegrityError) or (isinstance(error, DBAPIError) and "already exists" in text)
+    return isinstance(error, IntegrityError) or (isinstance(error, DBAPIError) and "already exists" in str(error))
 
 
 def lineage(trial: FrozenTrial | optuna.Trial) -> int:
