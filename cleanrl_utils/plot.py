@@ -117,7 +117,8 @@ def name_by_settings(runs: list[RunData]) -> list[RunData]:
 def seeds_of(group: list[RunData]) -> str:
     """How many seeds a group holds, and runs when a seed ran more than once."""
     seeds = len({r.seed for r in group})
-    return f"{seeds} seeds" if seeds == len(group) else f"{len(group)} runs of {seeds} seeds"
+    noun = "seed" if seeds == 1 else "seeds"
+    return f"{seeds} {noun}" if seeds == len(group) else f"{len(group)} runs of {seeds} {noun}"
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -161,6 +162,7 @@ def plot_curves(runs: list[RunData], path: Path, window: int):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     groups = groups_of(runs)
     envs = sorted({env for _, env in groups})
@@ -179,6 +181,8 @@ def plot_curves(runs: list[RunData], path: Path, window: int):
                 ax.fill_between(grid, low, high, color=colors[exp], alpha=0.2)
             ax.set_title(env)
             ax.set_xlabel(label)
+            if x == "steps":  # 200k, 1M: a narrow panel's step labels would run into each other
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
             ax.set_ylabel("episodic return")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
