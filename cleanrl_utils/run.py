@@ -402,9 +402,13 @@ class Run:
             if own is None:
                 path = self.checkpoints.save(full, global_step)
             else:
-                write = lambda parts: self.checkpoints.save(  # noqa: E731
-                    {**full, "world_size": self.ranks.world_size, "ranks": parts}, global_step
-                )
+
+                def write(parts: list[dict[str, Any]]) -> Path:  # rank 0, once every part has arrived
+                    written = self.checkpoints.save({**full, "world_size": self.ranks.world_size, "ranks": parts},
+                                                    global_step)  # fmt: skip
+                    self.last_checkpoint = written  # on disk now: good even if a peer stops before it hears so
+                    return written
+
                 path = self.ranks.save_collectively(write, own, global_step, self.checkpoints.run_name)
         except CheckpointError as e:
             raise RunError(f"{e}; last good checkpoint: {self.last_checkpoint or 'none'}") from None

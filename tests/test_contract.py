@@ -584,6 +584,29 @@ def test_device_clock_sums_the_timed_regions_until_read(monkeypatch):
     assert clock.read() == 0.25 and clock.read() == 0.0
 
 
+def test_a_checkpoint_written_before_a_peer_stops_is_the_last_good_one(tmp_path):
+    """Rank 0 wrote the file, then the broadcast that tells the others timed out (a peer stopped): the file on disk
+    is complete and a resume takes it, so the error line must name it, not the one before."""
+    from types import SimpleNamespace
+
+    from cleanrl_utils.run import Run
+
+    class PeerStopsAfterTheWrite:
+        world_size = 2
+
+        def save_collectively(self, write, own, global_step, run_name):
+            write([own, own])
+            raise RuntimeError("Timed out waiting 8000ms for recv operation to complete")
+
+    written = tmp_path / "ckpt_00000128.pt"
+    checkpoints = SimpleNamespace(run_name="r", save=lambda state, step: written)
+    run = SimpleNamespace(wandb_id=None, ranks=PeerStopsAfterTheWrite(), checkpoints=checkpoints,
+                          last_checkpoint=tmp_path / "ckpt_00000064.pt")  # fmt: skip
+    with pytest.raises(RuntimeError, match="Timed out"):
+        Run.save(run, {"global_step": 128}, 128, own={"parameters_sha256": "x"})
+    assert run.last_checkpoint == written
+
+
 @pytest.mark.parametrize(
     "script, flags",
     [
