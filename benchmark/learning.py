@@ -82,6 +82,11 @@ SUITES: dict[str, list[Row]] = {
         row("ppo_atari_multigpu", f"{TORCHRUN} cleanrl/ppo_atari_multigpu.py --num-envs 8", ["BreakoutNoFrameskip-v4"],
             1_000_000, 2),
     ],
+    "peer": [  # seed-major order starts one of each at a time, so each runs beside the other kind
+        row("ppo_continuous_action", "python cleanrl/ppo_continuous_action.py", ["HalfCheetah-v4"], 1_000_000, 3,
+            [("HalfCheetah-v4", 1442.64, 46.03, "")]),
+        row("sb3_ppo", "python benchmark/sb3_ppo.py", ["HalfCheetah-v4"], 1_000_000, 3),
+    ],
     "scaled": [  # beside the single-process runs of the mujoco and classic suites (same flags, same seeds)
         row("sac_continuous_action_multigpu", f"{TORCHRUN} cleanrl/sac_continuous_action_multigpu.py",
             ["HalfCheetah-v4"], 300_000, 2),
@@ -101,6 +106,8 @@ DESCRIPTION = {
     "classic": "classic control, 500k steps, defaults of each script",
     "mujoco": "MuJoCo, CleanRL's budgets (SAC: 300k of CleanRL's 1M)",
     "atari": "Breakout, 1M steps (CleanRL publishes 10M), single-process, ALE vector env, 2 processes",
+    "peer": "Stable-Baselines3's PPO with ppo_continuous_action.py's settings (benchmark/sb3_ppo.py) beside ours, "
+            "1M steps, the same seeds",
     "scaled": "the variants that exist to go faster, beside their single-process base",
     "gpu": "10M-step Atari and 1M-step SAC: defined, to run on a GPU machine",
 }

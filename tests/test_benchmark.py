@@ -105,8 +105,11 @@ def test_every_command_of_the_gpu_suite_is_accepted_by_its_script():
     for suite in learning.SUITES:
         for job in learning.jobs_of(suite):
             script = script_of(job.argv)
-            _, error = check_script_args(script, job.argv[job.argv.index(str(script)) + 1 :], world_size_of(job.argv))
+            tail = job.argv[job.argv.index(str(script)) + 1 :]
+            _, error = check_script_args(script, tail, world_size_of(job.argv))
             assert error is None, f"{suite}: {job.argv}: {error}"
+            if script.name == "sb3_ppo.py":  # not one of ours: its own parser (exits 2 on a flag it lacks)
+                assert _sb3_ppo().parse(tail).total_timesteps == 1_000_000
 
 
 def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, monkeypatch):
@@ -194,3 +197,54 @@ def test_dqn_divergence_sets_sb3_beside_the_q_values_and_returns_the_run_logged(
         last = [r for s, r in returns.items() if s <= step][-100:]
         assert row[3] == f"{q:,.1f}" and row[4] == f"{sum(last) / len(last):.1f}", row
         assert abs(float(row[1].replace(",", ""))) < 100.0  # SB3's Q this early: finite, below the bound
+
+
+def _sb3_ppo():
+    sys.path.insert(0, str(REPO / "benchmark"))
+    import sb3_ppo
+
+    return sb3_ppo
+
+
+def test_sb3_ppo_trains_with_our_settings_and_logs_the_env_s_own_returns(tmp_path, monkeypatch):
+    """benchmark/sb3_ppo.py, the peer row: SB3's PPO holds ppo_continuous_action.py's settings (here not its
+    defaults, so a setting dropped on the way shows), and its run reads as one of ours: the env's own
+    returns (Pendulum: 200 steps, about -1,000 a game at first; normalised rewards would sum near -10), the
+    budget rounded down to whole rollouts."""
+    pytest.importorskip("stable_baselines3")
+    import torch
+
+    from cleanrl_utils.plot import find_runs
+
+    sb3_ppo = _sb3_ppo()
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "128", "--num-minibatches", "8",
+             "--update-epochs", "3", "--learning-rate", "0.001", "--gamma", "0.95", "--gae-lambda", "0.9",
+             "--clip-coef", "0.3", "--ent-coef", "0.01", "--vf-coef", "0.7", "--max-grad-norm", "0.4",
+             "--clip-obs", "5", "--clip-reward", "4", "--no-norm-adv"]  # fmt: skip
+    model = sb3_ppo.make_model(sb3_ppo.parse(flags))
+    assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == (2, 128, 32, 3)
+    assert model.lr_schedule(1.0) == pytest.approx(0.001) and model.lr_schedule(0.25) == pytest.approx(0.00025)
+    assert (model.gamma, model.gae_lambda, model.clip_range(0.5), model.clip_range_vf(0.5)) == (0.95, 0.9, 0.3, 0.3)
+    assert (model.ent_coef, model.vf_coef, model.max_grad_norm, model.normalize_advantage) == (0.01, 0.7, 0.4, False)
+    assert (model.env.clip_obs, model.env.clip_reward, model.env.gamma) == (5.0, 4.0, 0.95)
+    assert model.policy.optimizer.defaults["eps"] == 1e-5
+    assert float(model.policy.log_std.detach().abs().max()) == 0.0
+    linear = [m for m in model.policy.mlp_extractor.policy_net if isinstance(m, torch.nn.Linear)]
+    assert [m.out_features for m in linear] == [64, 64]
+    assert isinstance(model.policy.mlp_extractor.policy_net[1], torch.nn.Tanh)
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "sb3_ppo.py"), *flags, "--total-timesteps", "1000", "--seed", "3",
+         "--run-name", "p"], cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = find_runs([tmp_path / "runs"], "charts/episodic_return")
+    assert (run.exp, run.env_id, run.seed, run.total_steps) == ("sb3_ppo", "Pendulum-v1", 3, 768)  # 3 rollouts of 256
+    assert len(run.returns) == 2 and run.returns.max() < -300, run.returns
+    assert run.settings["num_minibatches"] == "8" and run.settings["vf_coef"] == "0.7"
+
+    bad = subprocess.run([sys.executable, str(REPO / "benchmark" / "sb3_ppo.py"), "--num-minibatches", "3"],
+                         cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --num-minibatches 3: must divide num_envs * num_steps (2048)"
+    ], bad.stderr
