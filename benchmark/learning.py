@@ -107,7 +107,7 @@ DESCRIPTION = {
     "mujoco": "MuJoCo, CleanRL's budgets (SAC: 300k of CleanRL's 1M)",
     "atari": "Breakout, 1M steps (CleanRL publishes 10M), single-process, ALE vector env, 2 processes",
     "peer": "Stable-Baselines3's PPO with ppo_continuous_action.py's settings (benchmark/sb3_ppo.py) beside ours, "
-            "1M steps, the same seeds",
+    "1M steps, the same seeds",
     "scaled": "the variants that exist to go faster, beside their single-process base",
     "gpu": "10M-step Atari and 1M-step SAC: defined, to run on a GPU machine",
 }

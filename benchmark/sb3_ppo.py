@@ -92,8 +92,9 @@ def sb3_settings(args: argparse.Namespace) -> dict:
         vf_coef=args.vf_coef,
         max_grad_norm=args.max_grad_norm,
         target_kl=args.target_kl,
-        policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh, ortho_init=True,
-                           log_std_init=0.0),  # fmt: skip
+        policy_kwargs=dict(
+            net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh, ortho_init=True, log_std_init=0.0
+        ),  # fmt: skip
     )
 
 
