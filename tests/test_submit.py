@@ -421,7 +421,11 @@ def test_slurm_tuner_array_requeued_task_resumes_its_trial(slurm, tmp_path):
         log = tmp_path / f"runs/sw/slurm/sw_{job}_1.out"
         if not (tmp_path / "study.log").exists() or not log.exists():
             return None
-        for t in study().get_trials(states=(optuna.trial.TrialState.RUNNING,)):
+        try:
+            running = study().get_trials(states=(optuna.trial.TrialState.RUNNING,))
+        except KeyError:  # the journal file is there, the study's record not yet
+            return None
+        for t in running:
             ckpt = list((tmp_path / f"runs/sw/t{t.number:04d}").glob("*/checkpoints/ckpt_*.pt"))
             if ckpt and _task_of(t.user_attrs.get("worker", {}).get("pid")) == f"{job}_1":
                 return t
@@ -707,7 +711,10 @@ def test_slurm_pbt_array_requeued_task_s_member_resumes_its_lineage(slurm, tmp_p
     def segments():
         if not (tmp_path / "pop.log").exists():
             return []
-        study = optuna.load_study(study_name="pop", storage=open_storage(str(tmp_path / "pop.log")))
+        try:
+            study = optuna.load_study(study_name="pop", storage=open_storage(str(tmp_path / "pop.log")))
+        except KeyError:  # the journal file is there, the study's record not yet
+            return []
         return [t for t in study.get_trials() if "member" in t.user_attrs]
 
     def a_later_segment_of_task_1():
