@@ -25,6 +25,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,8 +118,17 @@ class Pool:
         self.workers = min(workers, len(self.free_slots))
 
     def run(self, jobs: list[Job]) -> list[tuple[Job, int]]:
+        """Run ``jobs``; Ctrl-C or SIGTERM (a scheduler's, ``kill``) stops the runs with SIGTERM, so each writes
+        its checkpoint (they would otherwise die with this process, unsaved), and exits 130 or 143."""
         pending, running, done = list(jobs), {}, []
         start, last_print = time.monotonic(), 0.0
+
+        def stop(signum, frame):
+            raise KeyboardInterrupt(signum)
+
+        previous = (
+            signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
+        )
         try:
             while pending or running:
                 busy = sum(job.processes for job, *_ in running.values())
@@ -155,14 +165,20 @@ class Pool:
                         flush=True,
                     )
                 time.sleep(0.2)
-        except KeyboardInterrupt:
-            print(f"[benchmark] interrupted: stopping {len(running)} runs (they write a checkpoint)", flush=True)
+        except KeyboardInterrupt as e:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the checkpoints short
+            signum = int(e.args[0]) if e.args else int(signal.SIGINT)
+            print(f"[benchmark] interrupted (signal {signum}): stopping {len(running)} runs (they write a checkpoint)",
+                  flush=True)  # fmt: skip
             for _, _, proc, _ in running.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
             for _, _, proc, _ in running.values():
                 stop_group(proc, signal.SIGTERM)
-            raise SystemExit(130) from None
+            raise SystemExit(128 + signum) from None
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         return done
 
 

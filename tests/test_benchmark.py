@@ -2,8 +2,10 @@
 counted in the exit code, --skip-completed skipping finished runs and resuming interrupted ones."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,6 +65,29 @@ def test_interrupted_run_resumes_and_existing_checkpoints_refused(tmp_path):
     assert "done: 1,024 steps (256 in" in log  # continued from step 768, not restarted
     assert (tmp_path / "runs" / run / "checkpoints/ckpt_00001024.pt").exists()  # in the same directory
     assert not (tmp_path / "runs/CartPole-v1__ppo__1").exists()
+
+
+def test_a_terminated_runner_stops_its_runs_with_their_checkpoints(tmp_path):
+    """SIGTERM to the runner (a scheduler's, or kill): its runs get SIGTERM and write their checkpoint
+    before it exits 143, rather than dying unsaved with it; --skip-completed then continues them."""
+    cmd = "python cleanrl/ppo.py --total-timesteps 10000000 --checkpoint-interval 0 --no-progress"  # no periodic one
+    args = ["--env-ids", "CartPole-v1", "--command", cmd, "--num-seeds", "2", "--workers", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "cleanrl_utils.benchmark", *args], cwd=tmp_path, env=script_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    runs = [tmp_path / f"runs/CartPole-v1__ppo__{seed}" for seed in (1, 2)]
+    deadline = time.monotonic() + 120
+    while not all(run.is_dir() and ScalarReader(run).update().get("charts/SPS").steps for run in runs):  # training
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # the runner alone, not its runs' process groups
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out
+    assert "[benchmark] interrupted (signal 15): stopping 2 runs" in out, out
+    for run in runs:
+        saved = sorted((run / "checkpoints").glob("ckpt_*.pt"))
+        assert saved and int(saved[-1].stem.split("_")[1]) > 0, run
+    dry = bench(tmp_path, *args, "--skip-completed", "--dry-run")
+    assert dry.stdout.count("--resume runs/CartPole-v1__ppo__") == 2, dry.stdout
 
 
 @pytest.mark.quick
