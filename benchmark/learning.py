@@ -222,7 +222,8 @@ PAGE_HEAD = """# Learning results
 Every row is made by one command, `python benchmark/learning.py SUITE` (the suites and their rows are
 defined in [benchmark/learning.py](../benchmark/learning.py)), on this project's CPU machine: 2 cores,
 one torch thread per run, two runs at a time (a 2-process torchrun run takes both cores). Wall time and
-SPS are this machine's, with the other core busy with another run.
+SPS are this machine's, with the other core busy with another run; a run that was stopped and resumed
+from its checkpoint counts its training time (the time it lay stopped is left out; SPS is its last launch's).
 
 **Final return**, as CleanRL's tables compute it (openrlbenchmark's `rlops`, whose
 `--metric-last-n-average-window` is 100): per run the mean of its last 100 training episodes'

@@ -53,12 +53,18 @@ class RunData:
     world_size: int
     steps: np.ndarray
     returns: np.ndarray
-    times: np.ndarray  # seconds since the run's first event
+    times: np.ndarray  # training seconds since the run's first event (the pauses of a resumed run left out)
     sps: float
     wall: float
     total_steps: int
     hardware: dict[str, str] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict)
+
+
+def training_time(wall_times: list[float], start: float, pauses: list[tuple[float, float]]) -> np.ndarray:
+    """Seconds from ``start`` to each wall time, less the pauses (``ScalarReader.pauses``) before it."""
+    t = np.asarray(wall_times, dtype=np.float64)
+    return t - start - sum((np.where(t >= resumed, gap, 0.0) for resumed, gap in pauses), np.zeros_like(t))
 
 
 def find_runs(paths: list[Path], metric: str) -> list[RunData]:
@@ -75,7 +81,10 @@ def find_runs(paths: list[Path], metric: str) -> list[RunData]:
         env_id = hp.get("env_id") or parts[0]
         seed = int(hp.get("seed") or (parts[2] if len(parts) >= 3 and parts[2].isdigit() else 0))
         start = min(s.wall_times[0] for s in reader.series.values() if s.wall_times)
-        end = max(s.wall_times[-1] for s in reader.series.values() if s.wall_times)
+        pauses = reader.pauses()  # a resumed run's clock counts its training time, not the time it lay stopped
+        end = max(
+            float(training_time(s.wall_times[-1:], start, pauses)[0]) for s in reader.series.values() if s.wall_times
+        )
         sps_values = reader.get("charts/SPS").values
         total = reader.last_step()
         runs.append(
@@ -87,9 +96,9 @@ def find_runs(paths: list[Path], metric: str) -> list[RunData]:
                 world_size=int(hp.get("world_size", 1)),
                 steps=np.asarray(series.steps, dtype=np.float64),
                 returns=np.asarray(series.values, dtype=np.float64),
-                times=np.asarray(series.wall_times, dtype=np.float64) - start,
-                sps=float(sps_values[-1]) if sps_values else total / max(end - start, 1e-9),
-                wall=end - start,
+                times=training_time(series.wall_times, start, pauses),
+                sps=float(sps_values[-1]) if sps_values else total / max(end, 1e-9),
+                wall=end,
                 total_steps=total,
                 hardware=parse_table(reader.texts.get("hardware", "")),
                 settings={k: v for k, v in hp.items() if k not in NOT_SETTINGS | LAUNCH_FLAGS | OUTPUT_FLAGS},

@@ -35,6 +35,7 @@ class ScalarReader:
         self.run_dir = Path(run_dir)
         self.series: dict[str, Series] = {}
         self.texts: dict[str, str] = {}
+        self.restarts: list[tuple[int, float]] = []  # (step, wall time) of each resumed launch's restart marker
         self._loaders: dict[Path, LegacyEventFileLoader] = {}
 
     def update(self) -> "ScalarReader":
@@ -50,6 +51,7 @@ class ScalarReader:
         if event.HasField("session_log") and event.session_log.status == SessionLog.START:
             for series in self.series.values():
                 series.truncate(event.step)
+            self.restarts.append((event.step, event.wall_time))
             return
         if not event.HasField("summary"):
             return
@@ -64,6 +66,18 @@ class ScalarReader:
 
     def get(self, tag: str) -> Series:
         return self.series.get(tag, Series())
+
+    def pauses(self) -> list[tuple[float, float]]:
+        """(wall time a launch resumed at, seconds the run was not training before it): from the last point
+        the run kept from before its restart step to the restart marker. Work done past the checkpoint and
+        then lost counts as paused too (it is logged again), so a resumed run's clock is its training time."""
+        kept = [(s, w) for series in self.series.values() for s, w in zip(series.steps, series.wall_times)]
+        pauses = []
+        for step, resumed in sorted(self.restarts, key=lambda r: r[1]):
+            before = [w for s, w in kept if s < step and w < resumed]
+            if before:
+                pauses.append((resumed, resumed - max(before)))
+        return pauses
 
     def last_step(self) -> int:
         """The largest env step any scalar was logged at (how far the run has come)."""

@@ -162,3 +162,37 @@ def test_runs_with_other_settings_are_not_pooled_and_a_seed_run_twice_is_one_see
         ("1", "1"),
     ]
     assert int(final["ppo [quality=1.0, total_timesteps=1000]"]["steps"]) == 1000  # not cut at the trials' 300
+
+
+def test_a_resumed_run_s_clock_leaves_out_the_time_it_lay_stopped(tmp_path):
+    """Launch 1 logs steps 0-100 at 1 s a step and is killed after its checkpoint at 60; launch 2 starts
+    1,000 s later and logs 61-200. Curves against wall time and the wall time per run count training: the
+    last point is at 100 + 140 = 240 s less the 40 s of work lost past the checkpoint (logged again)."""
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    run = tmp_path / "runs" / "CartPole-v1__ppo__1"
+
+    def launch(name: str, events: list[Event]) -> None:  # one event file, named as if started at that time
+        scratch = tmp_path / "scratch" / name.split(".")[3]
+        writer = EventFileWriter(str(scratch))
+        for event in events:
+            writer.add_event(event)
+        writer.close()
+        run.mkdir(parents=True, exist_ok=True)
+        (file,) = scratch.iterdir()
+        file.rename(run / name)
+
+    def point(step: int, wall: float) -> Event:
+        values = [Summary.Value(tag="charts/episodic_return", simple_value=float(step))]
+        return Event(wall_time=wall, step=step, summary=Summary(value=values))
+
+    t0 = 1_000_000.0
+    launch("events.out.tfevents.1000000.a", [point(s, t0 + s) for s in range(0, 101)])
+    restart = Event(wall_time=t0 + 1100, step=61, session_log=SessionLog(status=SessionLog.START))
+    launch("events.out.tfevents.1001100.a", [restart, *(point(s, t0 + 1100 + (s - 60)) for s in range(61, 201))])
+    (found,) = plot.find_runs([tmp_path / "runs"], "charts/episodic_return")
+    assert list(found.steps) == list(range(201))  # the lost steps 61-100 of launch 1 are dropped
+    assert found.times[60] == 60.0 and found.times[61] == 61.0 and found.times[-1] == 200.0
+    assert found.wall == 200.0
