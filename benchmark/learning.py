@@ -3,7 +3,7 @@
     python benchmark/learning.py classic                  # run the suite (resumable), then its tables and curves
     python benchmark/learning.py mujoco atari scaled      # several, in one pool of workers
     python benchmark/learning.py gpu --dry-run            # print the commands (the GPU suite is not run on CPUs)
-    python benchmark/learning.py classic --report-only    # tables, curves and the page from the runs on disk
+    python benchmark/learning.py classic --report-only    # tables, curves and the page from the finished runs on disk
 
 Each suite lists its rows (script, command, env ids, steps, seeds) in ``SUITES`` below: the one place
 that says what a figure is. Runs go through cleanrl_utils/benchmark.py's runner into
@@ -168,12 +168,18 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def finished_runs(suite: str) -> list[Path]:
+    """The run directories of ``suite`` whose last attempt ended with exit code 0: a run still training (or
+    stopped partway) is no seed of a final score, and is left off the page until it finishes."""
+    return [job.run_dir for job in jobs_of(suite) if (runner.status_of(job) or {}).get("returncode") == 0]
+
+
 def report(suite: str, out_root: Path) -> str | None:
     """Curves and tables of ``suite`` into ``out_root/<suite>/``; returns its section of the page (None: no runs)."""
     from cleanrl_utils import plot
 
-    dirs = [suite_dir(s) for s in [suite, *ALSO_PLOT.get(suite, [])] if suite_dir(s).is_dir()]
-    if not dirs or not any(suite_dir(suite).rglob("events.out.tfevents.*")):
+    dirs = [d for s in [suite, *ALSO_PLOT.get(suite, [])] for d in finished_runs(s)]
+    if not finished_runs(suite):
         return None
     out = out_root / suite
     code = plot.main([*map(str, dirs), "--out", str(out), "--last", str(LAST), "--smooth", "20"])

@@ -173,6 +173,11 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     before = [p.stat().st_mtime for p in logs]
     assert learning.main(["tiny", "--out", str(out)]) == 0  # finished runs are not run again
     assert [p.stat().st_mtime for p in logs] == before
+    # a run that has not finished (here: its last attempt failed; or still training) is no seed on the page
+    logs[1].write_text(json.dumps({**json.loads(logs[1].read_text()), "returncode": 1}))
+    assert learning.main(["tiny", "--report-only", "--out", str(out)]) == 0
+    finals = learning.read_csv(out / "tiny" / "final_returns.csv")
+    assert [(r["seeds"], r["steps"]) for r in finals] == [("1", "2048")]
 
 
 @pytest.mark.quick
