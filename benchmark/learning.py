@@ -178,9 +178,10 @@ def report(suite: str, out_root: Path) -> str | None:
     """Curves and tables of ``suite`` into ``out_root/<suite>/``; returns its section of the page (None: no runs)."""
     from cleanrl_utils import plot
 
-    dirs = [d for s in [suite, *ALSO_PLOT.get(suite, [])] for d in finished_runs(s)]
-    if not finished_runs(suite):
+    own = finished_runs(suite)
+    if not own:
         return None
+    dirs = own + [d for s in ALSO_PLOT.get(suite, []) for d in finished_runs(s)]
     out = out_root / suite
     code = plot.main([*map(str, dirs), "--out", str(out), "--last", str(LAST), "--smooth", "20"])
     if code != 0:

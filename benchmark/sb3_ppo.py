@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils.tensorboard import SummaryWriter
 
     from cleanrl_utils.run import hardware
+    from cleanrl_utils.tb import format_table
 
     torch.set_num_threads(1)
     events = sorted(args.run_dir.glob("events.out.tfevents.*"))
@@ -131,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     model = make_model(args)
     writer = SummaryWriter(str(args.run_dir))
     table = {"exp_name": args.exp_name, "seed": args.seed, **{k: getattr(args, k) for k in SETTINGS}}
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-    writer.add_text("hardware", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hardware().items()))
+    writer.add_text("hyperparameters", format_table(table))
+    writer.add_text("hardware", format_table(hardware()))
 
     class Log(BaseCallback):
         """Every finished episode's return and length; SPS after each rollout."""

@@ -129,6 +129,8 @@ def start_logging(
     """
     from torch.utils.tensorboard import SummaryWriter
 
+    from cleanrl_utils.tb import format_table
+
     hyperparameters = {**dataclasses.asdict(args), **(config or {})}
     if args.track:
         import wandb
@@ -146,10 +148,8 @@ def start_logging(
         )
     # flushed every 5 s: the tuner and dashboards read the event file while the run grows
     writer = _writer_class(SummaryWriter)(str(run_dir), purge_step=resumed_at, flush_secs=5)
-    writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hyperparameters.items())
-    )
-    writer.add_text("hardware", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hardware().items()))
+    writer.add_text("hyperparameters", format_table(hyperparameters))
+    writer.add_text("hardware", format_table(hardware()))
     return writer, wandb_id
 
 

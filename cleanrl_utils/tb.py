@@ -88,6 +88,11 @@ class ScalarReader:
         return parse_table(self.texts.get("hyperparameters", ""))
 
 
+def format_table(rows: dict) -> str:
+    """``rows`` as the ``|param|value|`` markdown table runs log as text (``hyperparameters``, ``hardware``)."""
+    return "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in rows.items())
+
+
 def parse_table(text: str) -> dict[str, str]:
     """``|param|value|`` markdown rows into a dict (the header and rule rows are skipped)."""
     rows = {}
