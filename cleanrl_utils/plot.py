@@ -82,9 +82,8 @@ def find_runs(paths: list[Path], metric: str) -> list[RunData]:
         seed = int(hp.get("seed") or (parts[2] if len(parts) >= 3 and parts[2].isdigit() else 0))
         start = min(s.wall_times[0] for s in reader.series.values() if s.wall_times)
         pauses = reader.pauses()  # a resumed run's clock counts its training time, not the time it lay stopped
-        end = max(
-            float(training_time(s.wall_times[-1:], start, pauses)[0]) for s in reader.series.values() if s.wall_times
-        )
+        last = max(s.wall_times[-1] for s in reader.series.values() if s.wall_times)
+        end = float(training_time([last], start, pauses)[0])
         sps_values = reader.get("charts/SPS").values
         total = reader.last_step()
         runs.append(
