@@ -61,7 +61,7 @@ from cleanrl_utils.checkpoint import CheckpointError, list_checkpoints, load_che
 from cleanrl_utils.launch import REPO, check_script_args, launch, load_script, locate_script, thread_env
 from cleanrl_utils.run import STOP_AT_STEP
 from cleanrl_utils.tb import ScalarReader
-from cleanrl_utils.trials import _TOLD, Heartbeat, Watcher, open_storage, worker_record
+from cleanrl_utils.trials import _TOLD, Heartbeat, Watcher, open_storage, retry_s_trial_was_lost, worker_record
 from cleanrl_utils.tuner_spaces import load_space
 
 DISCOUNTS = {"gamma", "gae-lambda"}  # perturbed as 1 - x: 0.99 * 1.2 would leave [0, 1]
@@ -357,8 +357,7 @@ def claim(study: optuna.Study, population: Population) -> optuna.Trial | None:
         trials = study.get_trials(deepcopy=False)
         twins = [t for t in trials if t.user_attrs.get("resume_of") == attrs["resume_of"] and t.number < trial.number
                  and not t.user_attrs.get("surplus")]  # fmt: skip
-        twins += [t for t in trials if t.number == attrs["resume_of"] and t.state != TrialState.FAIL]
-    if "member" not in attrs or twins:
+    if "member" not in attrs or twins or ("resume_of" in attrs and not retry_s_trial_was_lost(study, trial)):
         trial.set_user_attr("surplus", True)
         study.tell(trial, state=TrialState.FAIL)
         return None

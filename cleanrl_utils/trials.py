@@ -136,8 +136,7 @@ def claim_trial(study: optuna.Study, num_trials: int) -> optuna.Trial | None:
             t.user_attrs.get("resume_of") == lost and t.number < trial.number and not t.user_attrs.get("surplus")
             for t in trials
         )
-        was_lost = any(t.number == lost and t.state == TrialState.FAIL for t in trials)
-        if twin or not was_lost:
+        if twin or not retry_s_trial_was_lost(study, trial):
             _stand_down(study, trial)
             return None
         return trial
@@ -152,6 +151,26 @@ def claim_trial(study: optuna.Study, num_trials: int) -> optuna.Trial | None:
         _stand_down(study, trial)
         return None
     return trial
+
+
+def retry_s_trial_was_lost(study: optuna.Study, retry: optuna.Trial) -> bool:
+    """Whether the trial that ``retry`` resumes was lost (failed), so that the retry runs; False when it
+    finished after all (its worker completed it). ``lose_trial`` enqueues the retry before it fails the lost
+    trial (so that no new trial takes the lineage's place in the budget), so a worker may claim the retry in
+    between and find the lost trial still running: it fails it itself, as the loser is about to."""
+    number = retry.user_attrs["resume_of"]
+
+    def state() -> TrialState:
+        return next(t.state for t in study.get_trials(deepcopy=False) if t.number == number)
+
+    if state() == TrialState.RUNNING:
+        try:
+            study.tell(number, state=TrialState.FAIL)
+        except _TOLD:  # told meanwhile: failed by its loser, or finished by its worker
+            return state() == TrialState.FAIL
+        study.set_user_attr(f"error:{number}", f"{retry.user_attrs.get('lost', 'lost')}; resumed by a retry")
+        return True
+    return state() == TrialState.FAIL
 
 
 def lose_trial(study: optuna.Study, trial: FrozenTrial, reason: str, max_resumes: int) -> str | None:
@@ -179,7 +198,7 @@ def lose_trial(study: optuna.Study, trial: FrozenTrial, reason: str, max_resumes
     )
     try:
         study.tell(trial.number, state=TrialState.FAIL)
-    except _TOLD:  # finished meanwhile: its retry stands down when claimed
+    except _TOLD:  # finished meanwhile (its retry stands down when claimed), or failed by its retry's claimer
         return None
     study.set_user_attr(f"error:{trial.number}", f"{reason}; resumed by a retry")
     return f"[tuner] trial {trial.number} lost ({reason}): its lineage {lineage(trial)} resumes (resume {resumes + 1} of at most {max_resumes})"

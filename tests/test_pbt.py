@@ -214,6 +214,35 @@ def test_a_worker_s_process_count_is_its_own_the_population_s_settings_are_fixed
         pbt.seed_population(population("--population", "4"))
 
 
+@pytest.mark.quick
+def test_a_retry_claimed_before_its_lost_segment_is_failed_trains(tmp_path, monkeypatch):
+    """``lose`` enqueues a lost segment's retry, then fails the segment; a worker that claims the retry in
+    between (the segment still running) trains it and fails the segment itself, instead of standing down
+    and leaving the member with no segment."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pbt, "CLAIM_SETTLE", 0.0)
+    (tmp_path / "space.json").write_text(json.dumps({"learning-rate": {"low": 1e-4, "high": 1e-2, "log": True}}))
+    population = pbt.build(tyro.cli(pbt.Args, args=["--script", "cleanrl/ppo.py", "--population", "2", "--total-"
+                                                    "timesteps", "1000", "--ready", "100", "--space", "space.json",
+                                                    "--study-name", "pop"]))  # fmt: skip
+    pbt.seed_population(population)
+    study = population.study()
+    first, second = pbt.claim(study, population), pbt.claim(study, population)
+    assert first is not None and second is not None and pbt.claim(study, population) is None
+    enqueue, claimed = study.enqueue_trial, []
+
+    def enqueue_then_another_worker_claims(*args, **kwargs):
+        enqueue(*args, **kwargs)
+        claimed.append(pbt.claim(study, population))
+
+    study.enqueue_trial = enqueue_then_another_worker_claims
+    pbt.lose(study, study.get_trials()[first.number], "its worker is gone", max_resumes=2)
+    (retry,) = claimed
+    assert retry is not None and retry.user_attrs["resume_of"] == first.number
+    assert retry.user_attrs["member"] == first.user_attrs["member"]
+    assert study.get_trials()[first.number].state == TrialState.FAIL
+
+
 @pytest.mark.timeout(600)
 def test_a_leader_saved_by_two_processes_is_continued_by_a_member_on_one(tmp_path, monkeypatch):
     """Exploit across process counts: member 1 trains its segment on 2 torchrun processes, member 0 on one;

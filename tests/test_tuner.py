@@ -608,6 +608,41 @@ def test_lost_trial_is_resumed_once_per_loss_until_max_resumes():
     assert "--max-resumes 2" in trials.error_of(study, count.counted[0])
 
 
+@pytest.mark.quick
+def test_a_retry_claimed_before_its_lost_trial_is_failed_runs_and_the_lineage_counts_once():
+    """lose_trial enqueues the retry, then fails the lost trial; a worker (another SLURM task) that claims the
+    retry in between finds the lost trial still running: the retry runs and fails the lost trial itself (it
+    once stood down, and the lineage was dropped for a new trial). A retry whose lost trial finished after all
+    stands down."""
+    from cleanrl_utils import trials
+
+    study = optuna.create_study()
+    lost = study.ask()
+    lost.suggest_float("x", 0.0, 1.0)
+    enqueue, claimed = study.enqueue_trial, []
+
+    def enqueue_then_another_worker_claims(*args, **kwargs):
+        enqueue(*args, **kwargs)
+        claimed.append(trials.claim_trial(study, num_trials=1))
+
+    study.enqueue_trial = enqueue_then_another_worker_claims
+    trials.lose_trial(study, study.trials[0], "its worker is gone", max_resumes=2)
+    study.enqueue_trial = enqueue
+    (retry,) = claimed
+    assert retry is not None and retry.user_attrs["resume_of"] == 0 and study.trials[0].state.name == "FAIL"
+    assert trials.error_of(study, study.trials[0]) == "its worker is gone; resumed by a retry"
+    assert trials.claim_trial(study, num_trials=1) is None  # no new trial: the lineage fills the budget
+    study.tell(retry, 1.0)
+    count = trials.census(study)
+    assert (count.complete, count.failed, count.resumed, [t.number for t in count.counted]) == (1, 0, 1, [1])
+
+    finished = study.ask()  # its worker completes it after a watcher thought it lost
+    study.enqueue_trial({}, user_attrs={"lineage": finished.number, "resume_of": finished.number, "resumes": 1})
+    study.tell(finished, 2.0)
+    assert trials.claim_trial(study, num_trials=3) is None
+    assert study.trials[-1].user_attrs.get("surplus") and study.trials[finished.number].state.name == "COMPLETE"
+
+
 def test_watcher_finds_a_silent_remote_worker_by_its_own_clock():
     """A trial of a worker on another host is lost when its heartbeat stays unchanged for the grace
     period as this watcher sees it (hosts' clocks need not agree); one that beats is not; a local
