@@ -117,11 +117,14 @@ def suite_dir(suite: str) -> Path:
     return Path("runs") / "bench" / suite
 
 
-def jobs_of(suite: str, seed_count: int | None = None) -> list[runner.Job]:
+def jobs_of(suite: str, seed_count: int | None = None, rows=(), seeds=()) -> list[runner.Job]:
+    """The suite's runs; ``rows`` (exp names) and ``seeds`` pick some of them (a part that fits a session)."""
     jobs = []
     for r in SUITES[suite]:
-        seeds = list(range(1, (seed_count or r.seeds) + 1))
-        jobs += runner.plan_grid([r.command], list(r.env_ids), seeds, f"bench/{suite}/", Path("runs/logs"), 1)
+        if rows and r.exp not in rows:
+            continue
+        seeds_of_row = [s for s in range(1, (seed_count or r.seeds) + 1) if not seeds or s in seeds]
+        jobs += runner.plan_grid([r.command], list(r.env_ids), seeds_of_row, f"bench/{suite}/", Path("runs/logs"), 1)
     return jobs
 
 
@@ -136,9 +139,13 @@ def commit() -> str:
     return (out.stdout.strip() or "unknown") + ("+uncommitted" if dirty else "")
 
 
-def run_suites(suites: list[str], workers: int, dry_run: bool, seed_count: int | None) -> int:
+def run_suites(suites: list[str], workers: int, dry_run: bool, seed_count: int | None, rows=(), seeds=()) -> int:
     # seed-major: every row's first seeds before any row's last, so a suite cut short still covers every row
-    jobs = sorted((job for suite in suites for job in jobs_of(suite, seed_count)), key=lambda job: seed_of(job))
+    jobs = sorted((job for suite in suites for job in jobs_of(suite, seed_count, rows, seeds)), key=seed_of)
+    if not jobs:
+        print(f"error: --rows {' '.join(rows)} --seed {' '.join(map(str, seeds))}: no run of {' '.join(suites)}"
+              " matches (rows are exp names, seeds the suite's)", file=sys.stderr)  # fmt: skip
+        return 2
     for job in jobs:  # every command's flags, before anything starts (one line, exit 2)
         script = runner.script_of(job.argv)
         tail = job.argv[job.argv.index(str(script)) + 1 :]
@@ -265,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suites", nargs="+", choices=list(SUITES))
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes at a time (default: cores)")
     parser.add_argument("--seeds", type=int, help="seeds per row instead of the suite's (a quick look)")
+    parser.add_argument("--rows", nargs="+", default=[], help="only these rows (exp names, e.g. sac_continuous_action)")
+    parser.add_argument("--seed", type=int, nargs="+", default=[], help="only these seeds (e.g. 2 3)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands still to run, and exit")
     parser.add_argument("--report-only", action="store_true", help="only the tables, curves and the page")
     parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks"), help="where the tables and curves go")
@@ -274,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     code = 0
     if not args.report_only:
-        code = run_suites(args.suites, args.workers, args.dry_run, args.seeds)
+        code = run_suites(args.suites, args.workers, args.dry_run, args.seeds, args.rows, args.seed)
         if args.dry_run or code == 2:
             return code
     notes_file = Path(args.out) / "notes.md"
