@@ -3,15 +3,20 @@
     python benchmark/learning.py classic                  # run the suite (resumable), then its tables and curves
     python benchmark/learning.py mujoco atari scaled      # several, in one pool of workers
     python benchmark/learning.py gpu --dry-run            # print the commands (the GPU suite is not run on CPUs)
-    python benchmark/learning.py classic --report-only    # tables, curves and the page from the finished runs on disk
+    python benchmark/learning.py classic --report-only    # tables, curves and the page from the run records
 
 Each suite lists its rows (script, command, env ids, steps, seeds) in ``SUITES`` below: the one place
 that says what a figure is. Runs go through cleanrl_utils/benchmark.py's runner into
 ``runs/bench/<suite>/<env>__<exp>__<seed>`` (a torchrun row counts as many workers as its processes);
 an interrupted suite continues where it stopped (finished runs are skipped, interrupted ones resume
-from their checkpoints). Then cleanrl_utils/plot.py writes ``docs/benchmarks/<suite>/`` (curves
-against steps and wall time, final returns, throughput), and docs/benchmarks.md is rewritten from
-every suite's results.
+from their checkpoints). Each finished run is kept as a run record (``plot.save_record``: its episodes,
+clock, settings and the commits that made it, a few tens of kB) in ``docs/benchmarks/<suite>/runs/``, which
+is committed: the page is made from the records, so runs made on other machines or in other sessions add
+up, and a clone without ``runs/`` rebuilds the same page. Then cleanrl_utils/plot.py writes
+``docs/benchmarks/<suite>/`` (curves against steps and wall time, final returns, throughput) from the
+records, and docs/benchmarks.md is rewritten from every suite's results. Rows published before records
+were kept (``docs/benchmarks/<suite>/earlier/``: the tables and curves of that time) stay on the page,
+marked, until the records of that script and env hold their seeds.
 
 Final score, as CleanRL's tables compute it (openrlbenchmark's ``rlops``, whose
 ``--metric-last-n-average-window`` is 100): per run the mean of its last 100 training episodes'
@@ -162,6 +167,10 @@ def run_suites(suites: list[str], workers: int, dry_run: bool, seed_count: int |
         suite_dir(suite).mkdir(parents=True, exist_ok=True)
         with open(suite_dir(suite) / "commits.txt", "a") as f:  # the code each stretch of runs was made by
             f.write(f"{commit()}\n")
+    for job in todo:  # and each run's (a run resumed later continues on the code of that day)
+        job.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(job.log.with_suffix(".commits"), "a") as f:
+            f.write(f"{commit()}\n")
     print(f"[learning] {len(todo)} of {len(jobs)} runs to do on {workers} workers", flush=True)
     done = runner.Pool(workers, [], threads=1).run(todo)
     failed = [(job, code) for job, code in done if code != 0]
@@ -175,59 +184,107 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def finished_runs(suite: str) -> list[Path]:
-    """The run directories of ``suite`` whose last attempt ended with exit code 0: a run still training (or
-    stopped partway) is no seed of a final score, and is left off the page until it finishes."""
-    return [job.run_dir for job in jobs_of(suite) if (runner.status_of(job) or {}).get("returncode") == 0]
+def finished(job: runner.Job) -> bool:
+    """Whether the run's last attempt ended with exit code 0: a run still training (or stopped partway) is no
+    seed of a final score, and is left off the page until it finishes."""
+    return (runner.status_of(job) or {}).get("returncode") == 0
+
+
+def keep_records(suite: str, out_root: Path) -> list[Path]:
+    """Bring the suite's run records up to date with the runs on this machine and return them: a finished run's
+    record is written again, a run here that has not finished has none (it is being made again); the record
+    of a run that is not here (made on another machine, or before this clone) stays as it is."""
+    from cleanrl_utils import plot
+
+    records = []
+    for job in jobs_of(suite):
+        record = out_root / suite / "runs" / f"{job.run_dir.name}{plot.RECORD}"
+        if job.run_dir.exists() and finished(job):
+            (run,) = plot.find_runs([job.run_dir], "charts/episodic_return")
+            commits = job.log.with_suffix(".commits")
+            if not commits.exists():  # a run started before runs kept their own: the suite's
+                commits = suite_dir(suite) / "commits.txt"
+            made_by = list(dict.fromkeys(commits.read_text().split())) if commits.exists() else ["unknown"]
+            plot.save_record(run, record, commits=made_by)
+        elif job.run_dir.exists():
+            record.unlink(missing_ok=True)
+        if record.exists():
+            records.append(record)
+    return records
+
+
+def earlier_rows(out: Path) -> list[dict[str, str]]:
+    """The rows published before run records were kept, from the tables of that time (``out/earlier/``: plot's
+    final_returns.csv and throughput.csv, the curves, and commit.txt); a row of n seeds ran seeds 1 to n."""
+    if not (out / "earlier" / "final_returns.csv").exists():
+        return []
+    speed = {(r["script"], r["env_id"]): r for r in read_csv(out / "earlier" / "throughput.csv")}
+    made_by = (out / "earlier" / "commit.txt").read_text().strip()
+    return [
+        {**speed[(r["script"], r["env_id"])], **r, "commit": made_by, "seeds_run": set(range(1, int(r["seeds"]) + 1))}
+        for r in read_csv(out / "earlier" / "final_returns.csv")
+    ]
 
 
 def report(suite: str, out_root: Path) -> str | None:
-    """Curves and tables of ``suite`` into ``out_root/<suite>/``; returns its section of the page (None: no runs)."""
+    """Curves and tables of ``suite`` into ``out_root/<suite>/`` from its run records (and the rows published
+    before records were kept); returns its section of the page (None: nothing to show)."""
     from cleanrl_utils import plot
 
-    own = finished_runs(suite)
-    if not own:
-        return None
-    dirs = own + [d for s in ALSO_PLOT.get(suite, []) for d in finished_runs(s)]
     out = out_root / suite
-    code = plot.main([*map(str, dirs), "--out", str(out), "--last", str(LAST), "--smooth", "20"])
-    if code != 0:
+    own = keep_records(suite, out_root)
+    finals, speed, commits, seeds = {}, {}, {}, {}
+    if own:
+        records = own + [r for s in ALSO_PLOT.get(suite, []) for r in keep_records(s, out_root)]
+        code = plot.main([*map(str, records), "--out", str(out), "--last", str(LAST), "--smooth", "20"])
+        if code != 0:
+            return None
+        finals = {(r["script"], r["env_id"]): r for r in read_csv(out / "final_returns.csv")}
+        speed = {(r["script"], r["env_id"]): r for r in read_csv(out / "throughput.csv")}
+        for record in records:
+            run, extra = plot.load_record(record)
+            commits.setdefault((run.exp, run.env_id), {}).update(dict.fromkeys(extra.get("commits", ["unknown"])))
+            seeds.setdefault((run.exp, run.env_id), set()).add(run.seed)
+    earlier = [e for e in earlier_rows(out) if not seeds.get((e["script"], e["env_id"]), set()) >= e["seeds_run"]]
+    if not finals and not earlier:
         return None
-    finals = {(r["script"], r["env_id"]): r for r in read_csv(out / "final_returns.csv")}
-    speed = {(r["script"], r["env_id"]): r for r in read_csv(out / "throughput.csv")}
-    commits = (
-        sorted(set((suite_dir(suite) / "commits.txt").read_text().split()))
-        if (suite_dir(suite) / "commits.txt").exists()
-        else ["unknown"]
-    )
-    lines = [
-        f"### {suite}: {DESCRIPTION[suite]}",
-        "",
-        f"Commit {', '.join(commits)}; command: `python benchmark/learning.py {suite}`.",
-        "",
-    ]
+    lines = [f"### {suite}: {DESCRIPTION[suite]}", "", f"Command: `python benchmark/learning.py {suite}`.", ""]
     lines += [
-        "| script | env | steps | seeds | final return (mean ± std) | CleanRL | wall time / run | SPS |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| script | env | steps | seeds | final return (mean ± std) | CleanRL | wall time / run | SPS | commit |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     rows = [r for s in [suite, *ALSO_PLOT.get(suite, [])] for r in SUITES[s]]
     for r in rows:
         reference = {env: (mean, std, note) for env, mean, std, note in r.cleanrl}
         for env in r.env_ids:
-            final, throughput = finals.get((r.exp, env)), speed.get((r.exp, env))
-            if final is None:
-                continue
-            ours = f"{float(final['mean']):,.2f} ± {float(final['std']):,.2f}"
             theirs = ""
             if env in reference:
                 mean, std, note = reference[env]
                 theirs = f"{mean:,.2f} ± {std:,.2f}" + (f" ({note})" if note else "")
+            for e in (e for e in earlier if (e["script"], e["env_id"]) == (r.exp, env)):
+                lines.append(f"| {r.exp} † | {env} | {int(e['steps']):,} | {e['seeds']} | {float(e['mean']):,.2f} ± "
+                             f"{float(e['std']):,.2f} | {theirs} | {float(e['wall_s']) / 60:,.1f} min | "
+                             f"{float(e['sps']):,.0f} | {e['commit']} |")  # fmt: skip
+            final, throughput = finals.get((r.exp, env)), speed.get((r.exp, env))
+            if final is None:
+                continue
+            ours = f"{float(final['mean']):,.2f} ± {float(final['std']):,.2f}"
             wall = f"{float(throughput['wall_s']) / 60:,.1f} min" if throughput else ""
             sps = f"{float(throughput['sps']):,.0f}" if throughput else ""
-            lines.append(
-                f"| {r.exp} | {env} | {int(final['steps']):,} | {final['seeds']} | {ours} | {theirs} | {wall} | {sps} |"
-            )
-    lines += ["", f"![{suite} curves]({out_root.name}/{suite}/curves.png)", ""]  # relative to the page, beside out_root
+            made_by = ", ".join(commits.get((r.exp, env), {})) or "unknown"
+            lines.append(f"| {r.exp} | {env} | {int(final['steps']):,} | {final['seeds']} | {ours} | {theirs} | {wall} "
+                         f"| {sps} | {made_by} |")  # fmt: skip
+    lines.append("")
+    if finals:  # (the image paths are relative to the page, which lies beside out_root)
+        lines += [f"![{suite} curves]({out_root.name}/{suite}/curves.png)", ""]
+    if earlier:
+        lines += [
+            "† Runs made before run records were kept: the figures as published then (seeds 1 to n); a row stays "
+            "until the records of its script and env hold those seeds. Their curves:",
+            "",
+            f"![{suite} curves, earlier runs]({out_root.name}/{suite}/earlier/curves.png)",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -238,6 +295,9 @@ defined in [benchmark/learning.py](../benchmark/learning.py)), on this project's
 one torch thread per run, two runs at a time (a 2-process torchrun run takes both cores). Wall time and
 SPS are this machine's, with the other core busy with another run; a run that was stopped and resumed
 from its checkpoint counts its training time (the time it lay stopped is left out; SPS is its last launch's).
+Every finished run is kept in the repository as a run record (`benchmarks/<suite>/runs/`: its episodes,
+clock, settings and the commit that made it); the tables and curves are made from the records, so
+`python -m cleanrl_utils.plot docs/benchmarks/mujoco/runs` redraws them without the event files.
 
 **Final return**, as CleanRL's tables compute it (openrlbenchmark's `rlops`, whose
 `--metric-last-n-average-window` is 100): per run the mean of its last 100 training episodes'

@@ -3,7 +3,9 @@
     python -m cleanrl_utils.plot runs/ --out plots/
     python -m cleanrl_utils.plot runs/bench1 runs/bench2 --out plots/ --baseline ppo_atari --last 20
 
-Every directory holding event files under the given paths is one run, grouped by script (its
+Every directory holding event files under the given paths is one run (and so is every run record,
+``*.run.json.gz``, below them or given by name: ``save_record`` keeps what this tool reads of a run, its
+episodes, clock and settings, in a small file that outlives the event files), grouped by script (its
 ``exp_name``), env id and settings, read from the hyperparameters the run recorded (or parsed from a
 ``<env>__<exp>__<seed>`` run name). Runs are one experiment only when their settings agree (all but the
 seed and the flags about the machine and the output): where a script ran an env with other settings
@@ -27,6 +29,9 @@ group counts its distinct seeds (two runs of seed 1 are one seed, run twice). Wr
 from __future__ import annotations
 
 import csv
+import dataclasses
+import gzip
+import json
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -67,9 +72,43 @@ def training_time(wall_times: list[float], start: float, pauses: list[tuple[floa
     return t - start - sum((np.where(t >= resumed, gap, 0.0) for resumed, gap in pauses), np.zeros_like(t))
 
 
+RECORD = ".run.json.gz"  # a run record's file name ends so
+
+
+def save_record(run: RunData, path: Path, metric: str = "charts/episodic_return", **extra) -> Path:
+    """Write ``run`` (as ``find_runs`` read it for ``metric``) to ``path``, a gzipped JSON run record, with
+    ``extra`` keys (the commits that made it) beside it. Clocks at 0.1 s, steps as integers: a few tens of kB."""
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(RunData)}
+    fields.update(
+        path=run.path.name,
+        steps=[int(x) for x in run.steps],
+        returns=[float(x) for x in run.returns],
+        times=[round(float(x), 1) for x in run.times],
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"run": fields, "metric": metric, **extra}, f, separators=(",", ":"))
+    return path
+
+
+def load_record(path: Path) -> tuple[RunData, dict]:
+    """A run record: the run, and the extra keys saved with it."""
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    fields = data.pop("run")
+    fields.update(
+        path=Path(fields["path"]), **{k: np.asarray(fields[k], np.float64) for k in ("steps", "returns", "times")}
+    )
+    return RunData(**fields), data
+
+
 def find_runs(paths: list[Path], metric: str) -> list[RunData]:
-    runs = []
-    dirs = sorted({p.parent for root in paths for p in Path(root).rglob("events.out.tfevents.*")})
+    files = [Path(p) for p in paths if Path(p).is_file()]
+    records = sorted({*files, *(r for root in paths if Path(root).is_dir() for r in Path(root).rglob(f"*{RECORD}"))})
+    runs = [run for run, extra in map(load_record, records) if extra["metric"] == metric]
+    dirs = sorted(
+        {p.parent for root in paths if Path(root).is_dir() for p in Path(root).rglob("events.out.tfevents.*")}
+    )
     for run_dir in dirs:
         reader = ScalarReader(run_dir).update()
         series = reader.get(metric)
@@ -103,7 +142,8 @@ def find_runs(paths: list[Path], metric: str) -> list[RunData]:
                 settings={k: v for k, v in hp.items() if k not in NOT_SETTINGS | LAUNCH_FLAGS | OUTPUT_FLAGS},
             )
         )
-    return name_by_settings(runs)
+    # one order whatever the runs were read from (the bootstrap intervals depend on it)
+    return name_by_settings(sorted(runs, key=lambda r: (r.exp, r.env_id, r.seed, r.path.name)))
 
 
 def name_by_settings(runs: list[RunData]) -> list[RunData]:
@@ -349,7 +389,7 @@ def write_table(rows: list[dict], path: Path, columns: list[tuple[str, str]]) ->
 @dataclass
 class Args:
     paths: tyro.conf.Positional[list[str]]
-    """runs directories (every directory with event files below them is one run)"""
+    """runs directories (every directory with event files below them is one run) or run records"""
     out: str = "plots"
     """where the PNG and the tables go"""
     metric: str = "charts/episodic_return"
@@ -366,8 +406,8 @@ class Args:
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv)
     for path in args.paths:
-        if not Path(path).is_dir():
-            print(f"error: {path}: not a directory", file=sys.stderr)
+        if not Path(path).is_dir() and not (Path(path).is_file() and path.endswith(RECORD)):
+            print(f"error: {path}: not a directory or a run record (*{RECORD})", file=sys.stderr)
             return 2
     if args.last < 1 or args.smooth < 1:
         print(f"error: --last {args.last} / --smooth {args.smooth}: must be positive integers", file=sys.stderr)

@@ -2,6 +2,7 @@
 counted in the exit code, --skip-completed skipping finished runs and resuming interrupted ones."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,7 +159,9 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     assert [(r["script"], r["env_id"], r["seeds"], r["steps"]) for r in finals] == [("ppo", "CartPole-v1", "2", "2048")]
     page = (tmp_path / "docs" / "benchmarks.md").read_text()
     mean, std = float(finals[0]["mean"]), float(finals[0]["std"])
+    made_by = (tmp_path / "runs/logs/bench/tiny/CartPole-v1__ppo__1.commits").read_text().split()[0]
     assert f"| ppo | CartPole-v1 | 2,048 | 2 | {mean:,.2f} ± {std:,.2f} | 490.04 ± 6.12 |" in page
+    assert page.split("| ppo | CartPole-v1 |")[1].split("\n")[0].endswith(f"| {made_by} |")
     assert (
         out / "tiny" / "curves.png"
     ).stat().st_size > 10_000 and "![tiny curves](benchmarks/tiny/curves.png)" in page
@@ -178,6 +181,26 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     assert learning.main(["tiny", "--report-only", "--out", str(out)]) == 0
     finals = learning.read_csv(out / "tiny" / "final_returns.csv")
     assert [(r["seeds"], r["steps"]) for r in finals] == [("1", "2048")]
+    assert [p.name for p in (out / "tiny" / "runs").iterdir()] == ["CartPole-v1__ppo__1.run.json.gz"]
+    # a clone without runs/ (another machine, a later session): the committed run records make the same page
+    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    shutil.rmtree(tmp_path / "runs")
+    assert learning.main(["tiny", "--report-only", "--out", str(out)]) == 0
+    assert learning.read_csv(out / "tiny" / "final_returns.csv") == finals
+    assert (tmp_path / "docs" / "benchmarks.md").read_text() == page
+    # a row published before records were kept stays, marked, until the records hold its seeds (1 to n)
+    (out / "tiny" / "earlier").mkdir()
+    (out / "tiny" / "earlier" / "commit.txt").write_text("e4cd7a9\n")
+    (out / "tiny" / "earlier" / "throughput.csv").write_text("script,env_id,world_size,runs,sps,wall_s\n"
+                                                             "ppo,CartPole-v1,1,2,3387.0,156.0\n")  # fmt: skip
+    for seeds, kept in ((2, True), (1, False)):
+        (out / "tiny" / "earlier" / "final_returns.csv").write_text("script,env_id,seeds,runs,mean,std,iqm,steps\n"
+                                                                    f"ppo,CartPole-v1,{seeds},{seeds},500.0,0.0,500.0,499968\n")  # fmt: skip
+        assert learning.main(["tiny", "--report-only", "--out", str(out)]) == 0
+        page = (tmp_path / "docs" / "benchmarks.md").read_text()
+        row = f"| ppo † | CartPole-v1 | 499,968 | {seeds} | 500.00 ± 0.00 | 490.04 ± 6.12 | 2.6 min | 3,387 | e4cd7a9 |"
+        assert (row in page, "benchmarks/tiny/earlier/curves.png" in page) == (kept, kept), page
+        assert f"| ppo | CartPole-v1 | 2,048 | 1 | {float(finals[0]['mean']):,.2f} ± 0.00 |" in page
 
 
 @pytest.mark.quick

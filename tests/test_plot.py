@@ -108,6 +108,41 @@ def test_png_has_one_panel_per_env_with_the_mean_curves(runs_dir, tmp_path):
 
 
 @pytest.mark.quick
+def test_run_records_stand_in_for_the_event_files(runs_dir, tmp_path):
+    """Each run saved as a record (what the benchmark page keeps in git) reads back as the run itself, and the
+    tables made from the records alone equal those made from the event files; a record of another metric is
+    not read as this one."""
+    from_events = plot.find_runs([runs_dir / "runs"], "charts/episodic_return")
+    for run in from_events:
+        plot.save_record(run, tmp_path / "records" / f"{run.path.name}{plot.RECORD}", commits=["abc1234"])
+    plot.save_record(from_events[0], tmp_path / "records" / f"sps{plot.RECORD}", metric="charts/SPS")
+    from_records = plot.find_runs([tmp_path / "records"], "charts/episodic_return")
+    assert len(from_records) == len(from_events) == 12
+    for a, b in zip(sorted(from_events, key=lambda r: r.path.name), sorted(from_records, key=lambda r: r.path.name)):
+        assert (a.exp, a.env_id, a.seed, a.world_size, a.total_steps) == (
+            b.exp,
+            b.env_id,
+            b.seed,
+            b.world_size,
+            b.total_steps,
+        )
+        assert np.array_equal(a.steps, b.steps) and np.array_equal(a.returns, b.returns)
+        assert np.allclose(a.times, b.times, atol=0.051) and (a.sps, a.wall, a.settings) == (b.sps, b.wall, b.settings)
+    assert plot.load_record(tmp_path / "records" / f"{from_events[0].path.name}{plot.RECORD}")[1]["commits"] == [
+        "abc1234"
+    ]
+    one_file = tmp_path / "records" / f"{from_events[0].path.name}{plot.RECORD}"
+    assert plot.main([str(runs_dir / "runs"), "--out", str(tmp_path / "events"), "--last", "4"]) == 0
+    assert plot.main([str(tmp_path / "records"), "--out", str(tmp_path / "kept"), "--last", "4"]) == 0
+    for table in ("final_returns.csv", "throughput.csv"):
+        assert read_csv(tmp_path / "events" / table) == read_csv(tmp_path / "kept" / table), table
+    for a, b in zip(read_csv(tmp_path / "events" / "aggregate.csv"), read_csv(tmp_path / "kept" / "aggregate.csv")):
+        assert a.keys() == b.keys() and a["script"] == b["script"]  # (rliable's bootstrap varies in the 8th digit)
+        assert all(float(a[k]) == pytest.approx(float(b[k]), rel=1e-6) for k in a if k != "script"), (a, b)
+    assert plot.main([str(one_file), "--out", str(tmp_path / "one")]) == 0  # a record given by name
+    assert [r["seeds"] for r in read_csv(tmp_path / "one" / "final_returns.csv")] == ["1"]
+
+
 def test_bad_input(tmp_path, capsys):
     assert plot.main([str(tmp_path / "missing")]) == 2
     assert plot.main([str(tmp_path)]) == 2
