@@ -10,7 +10,7 @@ that says what a figure is. Runs go through cleanrl_utils/benchmark.py's runner 
 ``runs/bench/<suite>/<env>__<exp>__<seed>`` (a torchrun row counts as many workers as its processes);
 an interrupted suite continues where it stopped (finished runs are skipped, interrupted ones resume
 from their checkpoints). Each finished run is kept as a run record (``plot.save_record``: its episodes,
-clock, settings and the commits that made it, a few tens of kB) in ``docs/benchmarks/<suite>/runs/``, which
+clock, settings and the commits that made it, a few tens of kB) in ``docs/benchmarks/<suite>/records/``, which
 is committed: the page is made from the records, so runs made on other machines or in other sessions add
 up, and a clone without ``runs/`` rebuilds the same page. Then cleanrl_utils/plot.py writes
 ``docs/benchmarks/<suite>/`` (curves against steps and wall time, final returns, throughput) from the
@@ -198,7 +198,7 @@ def keep_records(suite: str, out_root: Path) -> list[Path]:
 
     records = []
     for job in jobs_of(suite):
-        record = out_root / suite / "runs" / f"{job.run_dir.name}{plot.RECORD}"
+        record = out_root / suite / "records" / f"{job.run_dir.name}{plot.RECORD}"
         if job.run_dir.exists() and finished(job):
             (run,) = plot.find_runs([job.run_dir], "charts/episodic_return")
             commits = job.log.with_suffix(".commits")
@@ -295,9 +295,9 @@ defined in [benchmark/learning.py](../benchmark/learning.py)), on this project's
 one torch thread per run, two runs at a time (a 2-process torchrun run takes both cores). Wall time and
 SPS are this machine's, with the other core busy with another run; a run that was stopped and resumed
 from its checkpoint counts its training time (the time it lay stopped is left out; SPS is its last launch's).
-Every finished run is kept in the repository as a run record (`benchmarks/<suite>/runs/`: its episodes,
+Every finished run is kept in the repository as a run record (`benchmarks/<suite>/records/`: its episodes,
 clock, settings and the commit that made it); the tables and curves are made from the records, so
-`python -m cleanrl_utils.plot docs/benchmarks/mujoco/runs` redraws them without the event files.
+`python -m cleanrl_utils.plot docs/benchmarks/mujoco/records` redraws them without the event files.
 
 **Final return**, as CleanRL's tables compute it (openrlbenchmark's `rlops`, whose
 `--metric-last-n-average-window` is 100): per run the mean of its last 100 training episodes'

@@ -181,7 +181,10 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     assert learning.main(["tiny", "--report-only", "--out", str(out)]) == 0
     finals = learning.read_csv(out / "tiny" / "final_returns.csv")
     assert [(r["seeds"], r["steps"]) for r in finals] == [("1", "2048")]
-    assert [p.name for p in (out / "tiny" / "runs").iterdir()] == ["CartPole-v1__ppo__1.run.json.gz"]
+    assert [p.name for p in (out / "tiny" / "records").iterdir()] == ["CartPole-v1__ppo__1.run.json.gz"]
+    record = f"docs/benchmarks/mujoco/records/{next((out / 'tiny' / 'records').iterdir()).name}"
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", record], capture_output=True)
+    assert ignored.returncode == 1, f"{record} is git-ignored: the page's records would never be committed"
     # a clone without runs/ (another machine, a later session): the committed run records make the same page
     page = (tmp_path / "docs" / "benchmarks.md").read_text()
     shutil.rmtree(tmp_path / "runs")
