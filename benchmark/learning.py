@@ -105,8 +105,11 @@ SUITES: dict[str, list[Row]] = {
             [("HalfCheetah-v4", 9634.89, 1423.73, "")]),
     ],
 }  # fmt: skip
-# what a suite's page compares its runs with (other suites' runs of the same flags)
-ALSO_PLOT = {"scaled": ["mujoco", "classic"]}
+# what a suite's page compares its runs with: rows of other suites (suite, exp, env id), the same flags
+ALSO_PLOT = {
+    "scaled": [("mujoco", "sac_continuous_action", "HalfCheetah-v4"), ("classic", "ppo", "CartPole-v1"),
+               ("classic", "appo", "CartPole-v1")],
+}  # fmt: skip
 DESCRIPTION = {
     "classic": "classic control, 500k steps, defaults of each script",
     "mujoco": "MuJoCo, CleanRL's budgets (SAC: 300k of CleanRL's 1M)",
@@ -213,6 +216,20 @@ def keep_records(suite: str, out_root: Path) -> list[Path]:
     return records
 
 
+def compared_records(suite: str, out_root: Path) -> list[Path]:
+    """The run records of the other suites' rows that ``suite``'s page shows beside its own (``ALSO_PLOT``)."""
+    from cleanrl_utils import plot
+
+    wanted = ALSO_PLOT.get(suite, [])
+    records = []
+    for other in dict.fromkeys(s for s, _, _ in wanted):
+        for record in keep_records(other, out_root):
+            env_id, exp, _seed = record.name.removesuffix(plot.RECORD).rsplit("__", 2)
+            if (other, exp, env_id) in wanted:
+                records.append(record)
+    return records
+
+
 def earlier_rows(out: Path) -> list[dict[str, str]]:
     """The rows published before run records were kept, from the tables of that time (``out/earlier/``: plot's
     final_returns.csv and throughput.csv, the curves, and commit.txt); a row of n seeds ran seeds 1 to n."""
@@ -235,7 +252,7 @@ def report(suite: str, out_root: Path) -> str | None:
     own = keep_records(suite, out_root)
     finals, speed, commits, seeds = {}, {}, {}, {}
     if own:
-        records = own + [r for s in ALSO_PLOT.get(suite, []) for r in keep_records(s, out_root)]
+        records = own + compared_records(suite, out_root)
         code = plot.main([*map(str, records), "--out", str(out), "--last", str(LAST), "--smooth", "20"])
         if code != 0:
             return None
@@ -253,7 +270,7 @@ def report(suite: str, out_root: Path) -> str | None:
         "| script | env | steps | seeds | final return (mean ± std) | CleanRL | wall time / run | SPS | commit |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    rows = [r for s in [suite, *ALSO_PLOT.get(suite, [])] for r in SUITES[s]]
+    rows = [r for s in dict.fromkeys([suite, *(s for s, _, _ in ALSO_PLOT.get(suite, []))]) for r in SUITES[s]]
     for r in rows:
         reference = {env: (mean, std, note) for env, mean, std, note in r.cleanrl}
         for env in r.env_ids:

@@ -138,6 +138,23 @@ def test_every_command_of_the_gpu_suite_is_accepted_by_its_script():
                 assert _sb3_ppo().parse(tail).total_timesteps == 1_000_000
 
 
+@pytest.mark.quick
+def test_the_scaled_page_shows_its_runs_beside_their_single_process_rows_only(tmp_path, monkeypatch):
+    """The scaled suite is read beside the runs of the same flags in other suites (SAC HalfCheetah, PPO and APPO
+    CartPole), not beside every record those suites hold (Hopper, Walker2d, Acrobot, DQN)."""
+    learning = _learning()
+    monkeypatch.chdir(tmp_path)  # no runs/ here: the records are what there is
+    for suite in ("mujoco", "classic"):
+        (tmp_path / suite / "records").mkdir(parents=True)
+        for job in learning.jobs_of(suite):
+            (tmp_path / suite / "records" / f"{job.run_dir.name}.run.json.gz").touch()
+    shown = sorted(p.name.removesuffix(".run.json.gz") for p in learning.compared_records("scaled", tmp_path))
+    assert shown == [f"CartPole-v1__{exp}__{seed}" for exp in ("appo", "ppo") for seed in (1, 2, 3)] + [
+        f"HalfCheetah-v4__sac_continuous_action__{seed}" for seed in (1, 2, 3)
+    ]
+    assert learning.compared_records("mujoco", tmp_path) == []
+
+
 def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, monkeypatch):
     """The suite plumbing on a tiny budget: two seeds of 2,048 steps through the grid runner, then the
     final-return table beside CleanRL's number, the curves, and the page; a second call runs nothing."""
