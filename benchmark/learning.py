@@ -325,6 +325,44 @@ bootstrap band, against env steps (top) and wall time (bottom).
 """
 
 
+# what reads results rather than trains: a commit that changed only these ran the same training code
+READERS = ("cleanrl_utils/plot.py",)
+
+
+def same_training_code(a: str, b: str) -> bool:
+    """Whether commits ``a`` and ``b`` hold the same ``cleanrl/`` and ``cleanrl_utils/``, the readers of
+    results aside (False where either is not a commit of this clone: "unknown", "+uncommitted")."""
+    excluded = [f":(exclude){path}" for path in READERS]
+    diff = ["git", "-C", str(REPO), "diff", "--quiet", a, b, "--", "cleanrl", "cleanrl_utils", *excluded]
+    return subprocess.run(diff, capture_output=True).returncode == 0
+
+
+def code_versions(out_root: Path) -> str:
+    """One line for the page: the commits its runs were made by, grouped by training code."""
+    from cleanrl_utils import plot
+
+    commits = {}  # in the order the suites name them
+    for suite in SUITES:
+        for record in sorted((out_root / suite / "records").glob(f"*{plot.RECORD}")):
+            commits.update(dict.fromkeys(plot.load_record(record)[1].get("commits", ["unknown"])))
+        earlier = out_root / suite / "earlier" / "commit.txt"
+        if earlier.exists():
+            commits.update(dict.fromkeys(earlier.read_text().split()))
+    groups: list[list[str]] = []
+    for c in commits:
+        group = next((g for g in groups if same_training_code(g[0], c)), None)
+        if group:
+            group.append(c)
+        else:
+            groups.append([c])
+    if not groups:
+        return ""
+    named = "; ".join(" = ".join(g) for g in groups)
+    return (f"**Code**: the runs on this page were made by {len(groups)} version{'s' * (len(groups) > 1)} of the "
+            f"training code: {named} (commits joined by = hold the same `cleanrl/` and `cleanrl_utils/`, "
+            f"{', '.join(READERS)} aside, which reads results).\n")  # fmt: skip
+
+
 def write_page(out_root: Path, notes: dict[str, str]) -> Path:
     sections = []
     for suite in SUITES:
@@ -340,7 +378,7 @@ def write_page(out_root: Path, notes: dict[str, str]) -> Path:
         if name not in SUITES:
             sections.append(f"### {name}\n\n{text}\n")
     page = out_root.parent / "benchmarks.md"
-    page.write_text(PAGE_HEAD + "\n" + "\n".join(sections))
+    page.write_text(PAGE_HEAD + "\n" + code_versions(out_root) + "\n" + "\n".join(sections))
     return page
 
 

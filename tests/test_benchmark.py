@@ -155,6 +155,39 @@ def test_the_scaled_page_shows_its_runs_beside_their_single_process_rows_only(tm
     assert learning.compared_records("mujoco", tmp_path) == []
 
 
+@pytest.mark.quick
+def test_the_page_groups_its_runs_commits_by_training_code(tmp_path, monkeypatch):
+    """Rows made over several sessions name their commits; the page says which of them ran the same training
+    code: a commit that changed only the results reader joins its predecessor, one that changed a script not."""
+    learning = _learning()
+    repo = tmp_path / "repo"
+    (repo / "cleanrl").mkdir(parents=True)
+    (repo / "cleanrl_utils").mkdir()
+
+    def commit(path, text):
+        (repo / path).write_text(text)
+        git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-qm", path], check=True)
+        return subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    first = commit("cleanrl/ppo.py", "lr = 1\n")
+    reader = commit("cleanrl_utils/plot.py", "print()\n")
+    script = commit("cleanrl/ppo.py", "lr = 2\n")
+    monkeypatch.setattr(learning, "REPO", repo)
+    assert learning.same_training_code(first, reader) and not learning.same_training_code(reader, script)
+    assert not learning.same_training_code(first, "unknown")
+    out = tmp_path / "benchmarks"
+    for suite, made_by in (("classic", first), ("atari", reader)):
+        (out / suite / "earlier").mkdir(parents=True)
+        (out / suite / "earlier" / "commit.txt").write_text(f"{made_by}\n")
+    assert f"by 1 version of the training code: {first} = {reader} (" in learning.code_versions(out)
+    (out / "mujoco" / "earlier").mkdir(parents=True)
+    (out / "mujoco" / "earlier" / "commit.txt").write_text(f"{script}\n")
+    assert f"by 2 versions of the training code: {first} = {reader}; {script} (" in learning.code_versions(out)
+
+
 def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, monkeypatch):
     """The suite plumbing on a tiny budget: two seeds of 2,048 steps through the grid runner, then the
     final-return table beside CleanRL's number, the curves, and the page; a second call runs nothing."""
