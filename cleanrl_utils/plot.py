@@ -86,8 +86,8 @@ def save_record(run: RunData, path: Path, metric: str = "charts/episodic_return"
         times=[round(float(x), 1) for x in run.times],
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as f:
-        json.dump({"run": fields, "metric": metric, **extra}, f, separators=(",", ":"))
+    data = json.dumps({"run": fields, "metric": metric, **extra}, separators=(",", ":")).encode()
+    path.write_bytes(gzip.compress(data, mtime=0))  # no time stamp: the same run is the same bytes (git sees no change)
     return path
 
 
