@@ -10,9 +10,10 @@ that says what a figure is. Runs go through cleanrl_utils/benchmark.py's runner 
 ``runs/bench/<suite>/<env>__<exp>__<seed>`` (a torchrun row counts as many workers as its processes);
 an interrupted suite continues where it stopped (finished runs are skipped, interrupted ones resume
 from their checkpoints). Each finished run is kept as a run record (``plot.save_record``: its episodes,
-clock, settings and the commits that made it, a few tens of kB) in ``docs/benchmarks/<suite>/records/``, which
-is committed: the page is made from the records, so runs made on other machines or in other sessions add
-up, and a clone without ``runs/`` rebuilds the same page. Then cleanrl_utils/plot.py writes
+clock, settings, hardware, the commits and package versions that made it, a few tens of kB) in
+``docs/benchmarks/<suite>/records/``, which is committed: the page is made from the records, so runs
+made on other machines or in other sessions add up, and a clone without ``runs/`` rebuilds the same
+page. Then cleanrl_utils/plot.py writes
 ``docs/benchmarks/<suite>/`` (curves against steps and wall time, final returns, throughput) from the
 records, and docs/benchmarks.md is rewritten from every suite's results. Rows published before records
 were kept (``docs/benchmarks/<suite>/earlier/``: the tables and curves of that time) stay on the page,
@@ -27,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -147,6 +150,23 @@ def commit() -> str:
     return (out.stdout.strip() or "unknown") + ("+uncommitted" if dirty else "")
 
 
+# what a run's numbers depend on besides the code and the CPU (another MuJoCo or torch build moves a seed)
+PACKAGES = ("torch", "numpy", "gymnasium", "mujoco", "ale-py", "envpool", "stable-baselines3")
+
+
+def package_versions() -> dict[str, str]:
+    """This interpreter's Python and the installed ``PACKAGES``: the runs' (the runner starts them with it)."""
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
 def run_suites(suites: list[str], workers: int, dry_run: bool, seed_count: int | None, rows=(), seeds=()) -> int:
     # seed-major: every row's first seeds before any row's last, so a suite cut short still covers every row
     jobs = sorted((job for suite in suites for job in jobs_of(suite, seed_count, rows, seeds)), key=seed_of)
@@ -170,10 +190,13 @@ def run_suites(suites: list[str], workers: int, dry_run: bool, seed_count: int |
         suite_dir(suite).mkdir(parents=True, exist_ok=True)
         with open(suite_dir(suite) / "commits.txt", "a") as f:  # the code each stretch of runs was made by
             f.write(f"{commit()}\n")
-    for job in todo:  # and each run's (a run resumed later continues on the code of that day)
+    versions = json.dumps(package_versions())
+    for job in todo:  # and each run's (a run resumed later continues on the code and packages of that day)
         job.log.parent.mkdir(parents=True, exist_ok=True)
         with open(job.log.with_suffix(".commits"), "a") as f:
             f.write(f"{commit()}\n")
+        with open(job.log.with_suffix(".versions"), "a") as f:
+            f.write(versions + "\n")
     print(f"[learning] {len(todo)} of {len(jobs)} runs to do on {workers} workers", flush=True)
     done = runner.Pool(workers, [], threads=1).run(todo)
     failed = [(job, code) for job, code in done if code != 0]
@@ -208,7 +231,10 @@ def keep_records(suite: str, out_root: Path) -> list[Path]:
             if not commits.exists():  # a run started before runs kept their own: the suite's
                 commits = suite_dir(suite) / "commits.txt"
             made_by = list(dict.fromkeys(commits.read_text().split())) if commits.exists() else ["unknown"]
-            plot.save_record(run, record, commits=made_by)
+            versions = job.log.with_suffix(".versions")  # none for a run started before they were kept
+            lines = versions.read_text().splitlines() if versions.exists() else []
+            packages = {"versions": [json.loads(v) for v in dict.fromkeys(lines)]} if lines else {}
+            plot.save_record(run, record, commits=made_by, **packages)
         elif job.run_dir.exists():
             record.unlink(missing_ok=True)
         if record.exists():
@@ -313,7 +339,8 @@ one torch thread per run, two runs at a time (a 2-process torchrun run takes bot
 SPS are this machine's, with the other core busy with another run; a run that was stopped and resumed
 from its checkpoint counts its training time (the time it lay stopped is left out; SPS is its last launch's).
 Every finished run is kept in the repository as a run record (`benchmarks/<suite>/records/`: its episodes,
-clock, settings and the commit that made it); the tables and curves are made from the records, so
+clock, settings, hardware, and the commit and package versions that made it); the tables and curves are
+made from the records, so
 `python -m cleanrl_utils.plot docs/benchmarks/mujoco/records` redraws them without the event files.
 
 **Final return**, as CleanRL's tables compute it (openrlbenchmark's `rlops`, whose
@@ -363,6 +390,28 @@ def code_versions(out_root: Path) -> str:
             f"{', '.join(READERS)} aside, which reads results).\n")  # fmt: skip
 
 
+def package_sets(out_root: Path) -> str:
+    """One line for the page: the package versions its recorded runs were made with, each set with its count."""
+    from cleanrl_utils import plot
+
+    counts: dict[str, int] = {}
+    unknown = 0
+    for suite in SUITES:
+        for record in sorted((out_root / suite / "records").glob(f"*{plot.RECORD}")):
+            versions = plot.load_record(record)[1].get("versions") or []
+            if not versions:
+                unknown += 1
+            for v in versions:  # a run resumed on other packages names each set
+                name = ", ".join(f"{k} {v[k]}" for k in v)
+                counts[name] = counts.get(name, 0) + 1
+    if not counts and not unknown:
+        return ""
+    sets = [f"{n} run{'s' * (n > 1)}: {name}" for name, n in counts.items()]
+    if unknown:
+        sets.append(f"{unknown} run{'s' * (unknown > 1)} recorded before the versions were kept")
+    return f"**Packages**: {'; '.join(sets)}.\n"
+
+
 def write_page(out_root: Path, notes: dict[str, str]) -> Path:
     sections = []
     for suite in SUITES:
@@ -378,7 +427,8 @@ def write_page(out_root: Path, notes: dict[str, str]) -> Path:
         if name not in SUITES:
             sections.append(f"### {name}\n\n{text}\n")
     page = out_root.parent / "benchmarks.md"
-    page.write_text(PAGE_HEAD + "\n" + code_versions(out_root) + "\n" + "\n".join(sections))
+    head = PAGE_HEAD + "\n" + code_versions(out_root) + "\n" + package_sets(out_root)
+    page.write_text(head + "\n" + "\n".join(sections))
     return page
 
 

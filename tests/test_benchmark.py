@@ -2,6 +2,7 @@
 counted in the exit code, --skip-completed skipping finished runs and resuming interrupted ones."""
 
 import json
+import platform
 import shutil
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from cleanrl_utils.launch import device_slots, world_size_of
 from cleanrl_utils.tb import ScalarReader
@@ -212,6 +214,11 @@ def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, mon
     made_by = (tmp_path / "runs/logs/bench/tiny/CartPole-v1__ppo__1.commits").read_text().split()[0]
     assert f"| ppo | CartPole-v1 | 2,048 | 2 | {mean:,.2f} ± {std:,.2f} | 490.04 ± 6.12 |" in page
     assert page.split("| ppo | CartPole-v1 |")[1].split("\n")[0].endswith(f"| {made_by} |")
+    # and the packages they ran with (another MuJoCo or torch build moves a seed's trajectory)
+    versions = learning.package_versions()
+    assert versions["python"] == platform.python_version() and versions["torch"] == torch.__version__
+    listed = ", ".join(f"{k} {v}" for k, v in versions.items())
+    assert f"**Packages**: 2 runs: {listed}.\n" in page, page[:3000]
     assert (
         out / "tiny" / "curves.png"
     ).stat().st_size > 10_000 and "![tiny curves](benchmarks/tiny/curves.png)" in page
