@@ -48,6 +48,9 @@ TORCHRUN = "torchrun --standalone --nproc_per_node 2"
 DQN_CLEANRL = ("--learning-rate 2.5e-4 --buffer-size 10000 --target-network-frequency 500 --batch-size 128 "
                "--end-e 0.05 --exploration-fraction 0.5 --learning-starts 10000 --train-frequency 10 "
                "--gradient-steps 1 --no-double-q --no-huber-loss")  # fmt: skip
+# Off-policy rows keep their replay in the checkpoint, so a run stopped between sittings (the runner's SIGTERM)
+# resumes exactly as if it had never stopped; not dqn_atari's: 1M Atari frames make every checkpoint 7 GB.
+REPLAY = "--checkpoint-buffer"
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,10 @@ SUITES: dict[str, list[Row]] = {
     "classic": [
         row("ppo", "python cleanrl/ppo.py", ["CartPole-v1", "Acrobot-v1"], 500_000, 3,
             [("CartPole-v1", 490.04, 6.12, ""), ("Acrobot-v1", -86.36, 1.32, "")]),
-        row("dqn", "python cleanrl/dqn.py", ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
-        row("dqn_cleanrl_settings", f"python cleanrl/dqn.py --exp-name dqn_cleanrl_settings {DQN_CLEANRL}",
+        row("dqn", f"python cleanrl/dqn.py {REPLAY}", ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
+        row("dqn_cleanrl_settings", f"python cleanrl/dqn.py --exp-name dqn_cleanrl_settings {DQN_CLEANRL} {REPLAY}",
             ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
-        row("dqn_target500", "python cleanrl/dqn.py --exp-name dqn_target500 --target-network-frequency 500",
+        row("dqn_target500", f"python cleanrl/dqn.py --exp-name dqn_target500 --target-network-frequency 500 {REPLAY}",
             ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
         row("appo", "python cleanrl/appo.py", ["CartPole-v1"], 500_000, 3),
     ],
@@ -80,7 +83,7 @@ SUITES: dict[str, list[Row]] = {
         row("ppo_continuous_action", "python cleanrl/ppo_continuous_action.py", ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4"],
             1_000_000, 3, [("HalfCheetah-v4", 1442.64, 46.03, ""), ("Hopper-v4", 2382.86, 271.74, ""),
                            ("Walker2d-v4", 2287.95, 571.78, "")]),
-        row("sac_continuous_action", "python cleanrl/sac_continuous_action.py", ["HalfCheetah-v4", "Hopper-v4"], 300_000, 3,
+        row("sac_continuous_action", f"python cleanrl/sac_continuous_action.py {REPLAY}", ["HalfCheetah-v4", "Hopper-v4"], 300_000, 3,
             [("HalfCheetah-v4", 9634.89, 1423.73, "at 1M"), ("Hopper-v4", 2310.46, 342.82, "at 1M")]),
     ],
     "atari": [
@@ -96,7 +99,7 @@ SUITES: dict[str, list[Row]] = {
         row("sb3_ppo", "python benchmark/sb3_ppo.py", ["HalfCheetah-v4"], 1_000_000, 3),
     ],
     "scaled": [  # beside the single-process runs of the mujoco and classic suites (same flags, same seeds)
-        row("sac_continuous_action_multigpu", f"{TORCHRUN} cleanrl/sac_continuous_action_multigpu.py",
+        row("sac_continuous_action_multigpu", f"{TORCHRUN} cleanrl/sac_continuous_action_multigpu.py {REPLAY}",
             ["HalfCheetah-v4"], 300_000, 2),
     ],
     "gpu": [  # defined for a GPU machine (one command per row there); not run on the CPU machine
@@ -104,7 +107,7 @@ SUITES: dict[str, list[Row]] = {
             10_000_000, 3, [("BreakoutNoFrameskip-v4", 414.66, 28.09, ""), ("PongNoFrameskip-v4", 20.36, 0.20, "")]),
         row("dqn_atari", "python cleanrl/dqn_atari.py", ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"], 10_000_000, 3,
             [("BreakoutNoFrameskip-v4", 366.93, 39.89, ""), ("PongNoFrameskip-v4", 20.25, 0.41, "")]),
-        row("sac_continuous_action", "python cleanrl/sac_continuous_action.py", ["HalfCheetah-v4"], 1_000_000, 3,
+        row("sac_continuous_action", f"python cleanrl/sac_continuous_action.py {REPLAY}", ["HalfCheetah-v4"], 1_000_000, 3,
             [("HalfCheetah-v4", 9634.89, 1423.73, "")]),
     ],
 }  # fmt: skip

@@ -141,6 +141,25 @@ def test_every_command_of_the_gpu_suite_is_accepted_by_its_script():
 
 
 @pytest.mark.quick
+def test_every_off_policy_row_keeps_its_replay_in_the_checkpoint():
+    """A suite run stopped between sittings resumes exactly only if its replay was in the checkpoint (without
+    it the resumed run starts from an empty buffer); dqn_atari's 1M frames (7 GB a checkpoint) are left out."""
+    from cleanrl_utils.launch import script_of
+
+    learning = _learning()
+    checked = []
+    for suite, rows in learning.SUITES.items():
+        for r in rows:
+            script = script_of(r.command.split())
+            if "checkpoint_buffer: bool" not in (REPO / script).read_text() or script.name == "dqn_atari.py":
+                continue
+            assert "--checkpoint-buffer" in r.command.split(), f"{suite}: {r.command}"
+            checked.append((suite, r.exp))
+    assert {("classic", "dqn"), ("mujoco", "sac_continuous_action"), ("scaled", "sac_continuous_action_multigpu"),
+            ("gpu", "sac_continuous_action")} <= set(checked)  # fmt: skip
+
+
+@pytest.mark.quick
 def test_the_scaled_page_shows_its_runs_beside_their_single_process_rows_only(tmp_path, monkeypatch):
     """The scaled suite is read beside the runs of the same flags in other suites (SAC HalfCheetah, PPO and APPO
     CartPole), not beside every record those suites hold (Hopper, Walker2d, Acrobot, DQN)."""
