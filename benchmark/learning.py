@@ -272,6 +272,17 @@ def earlier_rows(out: Path) -> list[dict[str, str]]:
     ]
 
 
+def shown_earlier(out: Path, records: list[Path]) -> list[dict[str, str]]:
+    """The earlier rows (``earlier_rows``) still on the page: those whose seeds the run records do not all hold."""
+    from cleanrl_utils import plot
+
+    seeds = {}
+    for record in records:
+        env_id, exp, seed = record.name.removesuffix(plot.RECORD).rsplit("__", 2)
+        seeds.setdefault((exp, env_id), set()).add(int(seed))
+    return [e for e in earlier_rows(out) if not seeds.get((e["script"], e["env_id"]), set()) >= e["seeds_run"]]
+
+
 def report(suite: str, out_root: Path) -> str | None:
     """Curves and tables of ``suite`` into ``out_root/<suite>/`` from its run records (and the rows published
     before records were kept); returns its section of the page (None: nothing to show)."""
@@ -279,9 +290,9 @@ def report(suite: str, out_root: Path) -> str | None:
 
     out = out_root / suite
     own = keep_records(suite, out_root)
-    finals, speed, commits, seeds = {}, {}, {}, {}
+    finals, speed, commits = {}, {}, {}
+    records = own + compared_records(suite, out_root) if own else []
     if own:
-        records = own + compared_records(suite, out_root)
         code = plot.main([*map(str, records), "--out", str(out), "--last", str(LAST), "--smooth", "20"])
         if code != 0:
             return None
@@ -290,8 +301,7 @@ def report(suite: str, out_root: Path) -> str | None:
         for record in records:
             run, extra = plot.load_record(record)
             commits.setdefault((run.exp, run.env_id), {}).update(dict.fromkeys(extra.get("commits", ["unknown"])))
-            seeds.setdefault((run.exp, run.env_id), set()).add(run.seed)
-    earlier = [e for e in earlier_rows(out) if not seeds.get((e["script"], e["env_id"]), set()) >= e["seeds_run"]]
+    earlier = shown_earlier(out, records)
     if not finals and not earlier:
         return None
     lines = [f"### {suite}: {DESCRIPTION[suite]}", "", f"Command: `python benchmark/learning.py {suite}`.", ""]
@@ -373,11 +383,14 @@ def code_versions(out_root: Path) -> str:
 
     commits = {}  # in the order the suites name them
     for suite in SUITES:
-        for record in sorted((out_root / suite / "records").glob(f"*{plot.RECORD}")):
+        own = sorted((out_root / suite / "records").glob(f"*{plot.RECORD}"))
+        for record in own:
             commits.update(dict.fromkeys(plot.load_record(record)[1].get("commits", ["unknown"])))
-        earlier = out_root / suite / "earlier" / "commit.txt"
-        if earlier.exists():
-            commits.update(dict.fromkeys(earlier.read_text().split()))
+        drawn = []  # the other suites' rows this one draws (as compared_records, without rewriting them)
+        for other, exp, env_id in ALSO_PLOT.get(suite, []):
+            drawn += sorted((out_root / other / "records").glob(f"{env_id}__{exp}__*{plot.RECORD}"))
+        if shown_earlier(out_root / suite, own + drawn):  # an earlier commit counts while a row of it is shown
+            commits.update(dict.fromkeys((out_root / suite / "earlier" / "commit.txt").read_text().split()))
     groups: list[list[str]] = []
     for c in commits:
         group = next((g for g in groups if same_training_code(g[0], c)), None)

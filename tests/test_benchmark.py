@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -200,13 +202,32 @@ def test_the_page_groups_its_runs_commits_by_training_code(tmp_path, monkeypatch
     assert learning.same_training_code(first, reader) and not learning.same_training_code(reader, script)
     assert not learning.same_training_code(first, "unknown")
     out = tmp_path / "benchmarks"
-    for suite, made_by in (("classic", first), ("atari", reader)):
+
+    def publish_earlier(suite, made_by, seeds=1):  # a row published before run records were kept
         (out / suite / "earlier").mkdir(parents=True)
         (out / suite / "earlier" / "commit.txt").write_text(f"{made_by}\n")
+        (out / suite / "earlier" / "final_returns.csv").write_text(
+            f"script,env_id,seeds,runs,mean,std,iqm,steps\nppo,CartPole-v1,{seeds},{seeds},500.0,0.0,500.0,499968\n"
+        )
+        (out / suite / "earlier" / "throughput.csv").write_text(
+            "script,env_id,world_size,runs,sps,wall_s\nppo,CartPole-v1,1,1,3387.0,156.0\n"
+        )
+
+    publish_earlier("classic", first)
+    publish_earlier("atari", reader)
     assert f"by 1 version of the training code: {first} = {reader} (" in learning.code_versions(out)
-    (out / "mujoco" / "earlier").mkdir(parents=True)
-    (out / "mujoco" / "earlier" / "commit.txt").write_text(f"{script}\n")
+    publish_earlier("mujoco", script, seeds=2)
     assert f"by 2 versions of the training code: {first} = {reader}; {script} (" in learning.code_versions(out)
+    # once run records hold an earlier row's seeds (1 to n) the row leaves the page, and its commit the line
+    from cleanrl_utils import plot
+
+    empty = np.zeros(0)
+    run = plot.RunData(Path("CartPole-v1__ppo__1"), "ppo", "CartPole-v1", 1, 1, empty, empty, empty, 1.0, 1.0, 1)
+    for seed in (1, 2):
+        plot.save_record(run, out / "mujoco" / "records" / f"CartPole-v1__ppo__{seed}{plot.RECORD}", commits=[first])
+        versions = learning.code_versions(out)
+        assert (f"; {script} (" in versions) == (seed == 1), versions
+    assert f"by 1 version of the training code: {first} = {reader} (" in versions
 
 
 def test_a_suite_runs_resumes_and_writes_its_table_curves_and_page(tmp_path, monkeypatch):
