@@ -317,7 +317,14 @@ def wait_for(condition, timeout: float, what: str):
         if value:
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    # what the cluster says (a job's pending reason, a drained node), so a timeout under load names its cause
+    state = []
+    for cmd in (["squeue", "-h", "-o", "%i %T %r"], ["sinfo", "-h", "-N", "-o", "%N %T %E"]):
+        try:
+            state.append(subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip() or "-")
+        except (OSError, subprocess.TimeoutExpired):
+            state.append("-")
+    raise AssertionError(f"timed out waiting for {what}; squeue: {state[0]}; sinfo: {state[1]}")
 
 
 def queue_empty(job: str) -> bool:
