@@ -245,14 +245,16 @@ def keep_records(suite: str, out_root: Path) -> list[Path]:
     return records
 
 
-def compared_records(suite: str, out_root: Path) -> list[Path]:
-    """The run records of the other suites' rows that ``suite``'s page shows beside its own (``ALSO_PLOT``)."""
+def compared_records(suite: str, out_root: Path, keep: bool = True) -> list[Path]:
+    """The run records of the other suites' rows that ``suite``'s page shows beside its own (``ALSO_PLOT``);
+    ``keep``: brought up to date first (``keep_records``), else as they lie in ``out_root``."""
     from cleanrl_utils import plot
 
     wanted = ALSO_PLOT.get(suite, [])
     records = []
     for other in dict.fromkeys(s for s, _, _ in wanted):
-        for record in keep_records(other, out_root):
+        kept = keep_records(other, out_root) if keep else sorted((out_root / other / "records").glob(f"*{plot.RECORD}"))
+        for record in kept:
             env_id, exp, _seed = record.name.removesuffix(plot.RECORD).rsplit("__", 2)
             if (other, exp, env_id) in wanted:
                 records.append(record)
@@ -386,9 +388,7 @@ def code_versions(out_root: Path) -> str:
         own = sorted((out_root / suite / "records").glob(f"*{plot.RECORD}"))
         for record in own:
             commits.update(dict.fromkeys(plot.load_record(record)[1].get("commits", ["unknown"])))
-        drawn = []  # the other suites' rows this one draws (as compared_records, without rewriting them)
-        for other, exp, env_id in ALSO_PLOT.get(suite, []):
-            drawn += sorted((out_root / other / "records").glob(f"{env_id}__{exp}__*{plot.RECORD}"))
+        drawn = compared_records(suite, out_root, keep=False)
         if shown_earlier(out_root / suite, own + drawn):  # an earlier commit counts while a row of it is shown
             commits.update(dict.fromkeys((out_root / suite / "earlier" / "commit.txt").read_text().split()))
     groups: list[list[str]] = []
