@@ -53,17 +53,27 @@ class Check:
     unit: str
     env_steps: int  # vector env steps per iteration (the host needs the actions of each: 1 sync is the floor)
     torchrun: bool = False
+    budget: float = 1.1  # waits per env step allowed outside checkpoints (per iteration when env_steps is 0)
+
+    @property
+    def name(self) -> str:
+        speed = [f for f in self.flags if f in ("--compile", "--cudagraphs")]
+        return " ".join([self.script, *speed])
 
 
-def checks(quick: bool) -> list[Check]:
-    """Small budgets: a few iterations of every script (CartPole / Pendulum stand in for MuJoCo)."""
+def checks(quick: bool, cpu: bool = False) -> list[Check]:
+    """Small budgets: a few iterations of every script (CartPole / Pendulum stand in for MuJoCo), then one script
+    of every family again with ``--compile --cudagraphs`` (APPO has no CUDA graph: its policy acts in CPU
+    worker processes), one of them under torchrun with NCCL. The CPU dry run leaves ``--cudagraphs`` out."""
     k = 1 if quick else 2
     atari = ["--env-id", "BreakoutNoFrameskip-v4"]
     dqn = ["--learning-starts", "500", "--train-frequency", "4", "--batch-size", "32", "--buffer-size", "10000"]
     sac = ["--env-id", "Pendulum-v1", "--learning-starts", "500", "--batch-size", "64", "--num-envs", "1"]
     appo = ["--num-actors", "2", "--num-envs", "8", "--num-steps", "64", "--update-epochs", "2"]
     ppo = ["--num-envs", "8", "--num-steps", "128"]
-    return [
+    # budgets: the actions once per env step, plus the logging points (every 1,000 env steps for DQN and SAC,
+    # every iteration for PPO); APPO's learner reads V-trace's inputs once per update, and logs every update
+    plain = [
         Check("ppo.py", [*ppo, "--total-timesteps", str(4096 * k)], 4 * k, "rollout", 128),
         Check("ppo_atari.py", [*atari, *ppo, "--total-timesteps", str(4096 * k)], 4 * k, "rollout", 128),
         Check("ppo_atari_envpool.py", [*ppo, "--total-timesteps", str(4096 * k)], 4 * k, "rollout", 128),
@@ -89,9 +99,17 @@ def checks(quick: bool) -> list[Check]:
             1,
             True,
         ),
-        Check("appo.py", [*appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True),
-        Check("appo_atari.py", [*atari, *appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True),
+        Check("appo.py", [*appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True, 24),
+        Check("appo_atari.py", [*atari, *appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True, 24),
     ]
+    fast = ["--compile"] if cpu else ["--compile", "--cudagraphs"]
+    families = ["ppo_atari_envpool.py" if HAVE_ENVPOOL else "ppo_atari.py", "dqn_atari.py", "sac_continuous_action.py",
+                "ppo_atari_multigpu.py"]  # fmt: skip
+    compiled = [Check(c.script, [*c.flags, *fast], c.iterations, c.unit, c.env_steps, c.torchrun, c.budget)
+                for c in plain if c.script in families]  # fmt: skip
+    compiled += [Check(c.script, [*c.flags, "--compile"], c.iterations, c.unit, c.env_steps, c.torchrun, c.budget)
+                 for c in plain if c.script == "appo_atari.py"]  # fmt: skip
+    return plain + compiled
 
 
 def command(script: str, flags: list[str], torchrun: bool, cpu: bool, launcher: list[str]) -> list[str]:
@@ -161,13 +179,32 @@ def source_line(location: str) -> str:
         return ""
 
 
+def per_step(check: Check, waits: int) -> float:
+    """Waits per env step (per iteration for the APPO learner, whose env steps happen in other processes)."""
+    return waits / (check.iterations * (check.env_steps or 1))
+
+
+def cudagraphs_engaged(check: Check, report: dict) -> str | None:
+    """Why a ``--cudagraphs`` run's CUDA graphs did not engage (torch.compile skipped one, or recorded none),
+    or None when they did (or the run asked for none)."""
+    if "--cudagraphs" not in check.flags:
+        return None
+    graphs = report.get("cudagraphs", {})
+    if graphs.get("skipped"):
+        return f"torch.compile skipped CUDA graphs {graphs['skipped']} times (the run fell back to --compile alone)"
+    if graphs.get("recorded") == 0:
+        return "no CUDA graph was recorded"
+    return None
+
+
 def sync_section(args, work: Path, env: dict[str, str]) -> bool:
-    print("\n## 1. Every script on", "the CPU (harness check: no sync counts)" if args.cpu else "CUDA", flush=True)
+    print("\n## 1. Every script on", "the CPU (dry run: the calls that would wait on a GPU)" if args.cpu else "CUDA",
+          flush=True)  # fmt: skip
     launcher = [str(ROOT / "benchmark" / "count_syncs.py")]
     all_ok = True
 
-    def one(check: Check):
-        cwd = work / check.script.removesuffix(".py")
+    def one(i: int, check: Check):
+        cwd = work / f"{i:02d}_{check.script.removesuffix('.py')}"
         cwd.mkdir()
         report = cwd / "syncs.json"
         cmd = command(check.script, check.flags, check.torchrun, args.cpu, launcher)
@@ -175,33 +212,46 @@ def sync_section(args, work: Path, env: dict[str, str]) -> bool:
         syncs = json.loads(report.read_text()) if report.exists() else {}
         return check, code, wall, tail, syncs
 
-    todo = [c for c in checks(args.quick) if HAVE_ENVPOOL or "envpool" not in c.script]
+    todo = [c for c in checks(args.quick, args.cpu) if HAVE_ENVPOOL or "envpool" not in c.script]
     if not HAVE_ENVPOOL:
         print("envpool is not installed: ppo_atari_envpool.py is left out")
-    print("\n| script | launch | exit | seconds | host syncs | per iteration | per env step |")
-    print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    what = "would-be waits" if args.cpu else "host syncs"
+    print(f"\n| script | launch | exit | seconds | {what} | per iteration | per env step | budget | checkpoints |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     results = []
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-        for future in concurrent.futures.as_completed([pool.submit(one, c) for c in todo]):  # each row as it ends
-            check, code, wall, _, syncs = result = future.result()
+        futures = [pool.submit(one, i, c) for i, c in enumerate(todo)]
+        for future in concurrent.futures.as_completed(futures):  # each row as it ends
+            check, code, wall, _, report = result = future.result()
             results.append(result)
-            total = sum(syncs.values())
-            per = f"{total / check.iterations:.2f} per {check.unit}" if not args.cpu else "n/a"
-            per_step = (
-                f"{total / (check.iterations * check.env_steps):.2f}" if check.env_steps and not args.cpu else "n/a"
-            )
+            total = sum(report.get("syncs", {}).values())
+            per_step_waits = per_step(check, total)
+            over = code == 0 and per_step_waits > check.budget
             launch = f"torchrun x1, {'gloo' if args.cpu else 'nccl + gloo side group'}" if check.torchrun else "python"
-            counted = total if not args.cpu else "n/a"
-            print(f"| {check.script} | {launch} | {code} | {wall:.0f} | {counted} | {per} | {per_step} |", flush=True)
-    for check, code, _, tail, syncs in results:
+            per_env_step = f"{per_step_waits:.2f}" if check.env_steps else "n/a"
+            unit = "env step" if check.env_steps else check.unit
+            print(f"| {check.name} | {launch} | {code} | {wall:.0f} | {total} | {total / check.iterations:.2f} per "
+                  f"{check.unit} | {per_env_step} | {check.budget:g} per {unit}{' OVER' if over else ''} | "
+                  f"{sum(report.get('checkpoint', {}).values())} |", flush=True)  # fmt: skip
+    for check, code, _, tail, report in results:
         if code != 0:
             all_ok = False
-            print(f"\n{check.script} FAILED (exit {code}):\n{tail}")
-        if syncs:
-            print(f"\n{check.script}: where the host waited ({check.iterations} iterations, one per {check.unit})")
+            print(f"\n{check.name} FAILED (exit {code}):\n{tail}")
+        if per_step(check, sum(report.get("syncs", {}).values())) > check.budget:
+            all_ok = False
+            unit = "env step" if check.env_steps else check.unit
+            print(f"\n{check.name} OVER BUDGET: more than {check.budget:g} waits per {unit} outside checkpoints")
+        why = cudagraphs_engaged(check, report) if code == 0 else None
+        if why:
+            all_ok = False
+            print(f"\n{check.name} FAILED: {why}")
+        if report.get("syncs"):
+            print(f"\n{check.name}: where the host waited ({check.iterations} iterations, one per {check.unit})")
             print("  (goal: the actions once per env step; nothing per gradient step outside logging)")
-            for location, n in syncs.items():
+            for location, n in report["syncs"].items():
                 print(f"  {n:7d}  {n / check.iterations:6.2f}/it  {location:42s} {source_line(location)[:70]}")
+        if report.get("checkpoint"):
+            print(f"  while writing checkpoints: {report['checkpoint']}")
     return all_ok
 
 

@@ -62,7 +62,7 @@ class Args:
     seed: int = 1
     """seed of the experiment; env i of actor a on rank r: seed + (r * num_actors + a) * envs_per_actor + i"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (GPUs)"""
     cuda: bool = True
     """if toggled, the learner trains on CUDA when available"""
     threads: int | None = None
@@ -399,6 +399,8 @@ def main() -> None:
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.backends.cudnn.benchmark = not args.torch_deterministic  # autotuned kernels per (fixed) shape
+    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # TF32 on GPUs
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -478,14 +480,16 @@ def main() -> None:
             # batch puts the rollouts side by side as (steps, num_actors * envs_per_actor).
             learn_start = time.perf_counter()
             b = {k: torch.cat([v[slot] for slot in batch], dim=1) for k, v in slots.items()}
-            obs_all = b["obs"].to(device)  # (num_steps + 1, num_envs, *obs_shape)
+            # uploads through pinned memory (no GPU wait); obs_all: (num_steps + 1, num_envs, *obs_shape)
+            obs_all, actions = to_device(b["obs"], device), to_device(b["actions"], device)
             with torch.inference_mode():
-                target_logprobs, _, values = agent.evaluate(
-                    obs_all[:-1].reshape((-1, *obs_shape)), b["actions"].reshape(-1).to(device)
-                )
-                next_value = agent.get_value(obs_all[-1]).cpu().numpy()
-            target_logprobs = target_logprobs.reshape(args.num_steps, local_num_envs).cpu().numpy()
-            values = values.reshape(args.num_steps, local_num_envs).cpu().numpy()
+                target_logprobs, _, values = agent.evaluate(obs_all[:-1].flatten(0, 1), actions.reshape(-1))
+                # one read of all three: the learner's one wait for the GPU before V-trace
+                read = torch.cat([target_logprobs, values, agent.get_value(obs_all[-1])]).cpu().numpy()
+            target_logprobs, values, next_value = np.split(read, [len(values), 2 * len(values)])
+            target_logprobs, values = (
+                x.reshape(args.num_steps, local_num_envs) for x in (target_logprobs, values)
+            )
             rewards, terminations, dones = (b[k].numpy() for k in ("rewards", "terminations", "dones"))
             behaviour, hyper = (
                 b["logprobs"].numpy(),
@@ -503,8 +507,12 @@ def main() -> None:
                 "values": values,
                 "weights": b["valid"].float().numpy(),
             }
-            data = {"obs": obs_all[:-1], **{k: to_device(v, device) for k, v in host.items()}}
-            data |= {k: b[k].to(device) for k in ("actions", "logprobs")}
+            host["logprobs"] = b["logprobs"]
+            data = {
+                "obs": obs_all[:-1],
+                "actions": actions,
+                **{k: to_device(v, device) for k, v in host.items()},
+            }
             data = {k: v.flatten(0, 1) for k, v in data.items()}  # (steps, envs, ...) -> (steps*envs, ...)
             for slot in batch:
                 actors.release(slot)

@@ -214,19 +214,21 @@ def td_target(
     return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
 
 
-def td_loss(q_network, target_network, data: dict, gamma: float, double_q: bool, huber: bool):
+def td_loss(q_network, data: dict, gamma: float, double_q: bool, huber: bool):
     """The TD loss of ``q_network`` on ``data`` (Huber with ``huber``, else squared error) against
-    :func:`td_target` (Double DQN with ``double_q``); returns it and the Q-values of the taken actions."""
+    :func:`td_target` (Double DQN with ``double_q``), the target network's values of the next states given
+    as ``data["next_q_target"]``; returns it and the Q-values of the taken actions."""
     with torch.no_grad():
         next_q_online = q_network(data["next_obs"]) if double_q else None
-        target_q = target_network(data["next_obs"])
-        target = td_target(data["rewards"], target_q, next_q_online, data["terminations"].float(), gamma)
+        rewards, terminations = data["rewards"], data["terminations"].float()
+        target = td_target(rewards, data["next_q_target"], next_q_online, terminations, gamma)
     old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
     return F.smooth_l1_loss(old_val, target) if huber else F.mse_loss(old_val, target), old_val
 
 
 def main() -> None:
     args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
+    exploration_steps = int(args.exploration_fraction * args.total_timesteps)  # epsilon's decay, env steps
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -287,14 +289,13 @@ def main() -> None:
         for step in range(1, num_steps + 1):
             global_step += args.num_envs
 
-            # ACT: epsilon-greedy
-            epsilon = linear_schedule(
-                args.start_e, args.end_e, int(args.exploration_fraction * args.total_timesteps), global_step
-            )
-            with inference_clock, torch.inference_mode():
-                actions = act(to_device(next_obs, device)).argmax(dim=1)
-            actions = actions.cpu().numpy()
+            # ACT: epsilon-greedy; the network runs only when some env does not explore
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
             explore = np.random.random(args.num_envs) < epsilon
+            actions = np.zeros(args.num_envs, dtype=np.int64)
+            if not explore.all():
+                with inference_clock, torch.inference_mode():
+                    actions = act(to_device(next_obs, device)).argmax(dim=1).cpu().numpy()
             actions[explore] = np.random.randint(n_actions, size=int(explore.sum()))
             t0 = time.perf_counter()
             obs = next_obs
@@ -310,11 +311,14 @@ def main() -> None:
             # UPDATE: a burst of gradient steps every train_frequency env steps
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
                 with learn_clock:
-                    for _ in range(args.gradient_steps):
-                        data = rb.sample_to(args.batch_size, device)
-                        loss, old_val = loss_fn(
-                            q_network, target_network, data, args.gamma, args.double_q, args.huber_loss
-                        )
+                    # one draw for the whole burst; the target network, fixed within it, values it in one pass
+                    burst = rb.sample_to(args.batch_size * args.gradient_steps, device)
+                    with torch.no_grad():
+                        burst["next_q_target"] = target_network(burst["next_obs"])
+                    for i in range(args.gradient_steps):
+                        batch = slice(i * args.batch_size, (i + 1) * args.batch_size)
+                        data = {k: v[batch] for k, v in burst.items()}
+                        loss, old_val = loss_fn(q_network, data, args.gamma, args.double_q, args.huber_loss)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         grad_norm = nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)

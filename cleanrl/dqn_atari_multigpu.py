@@ -87,7 +87,7 @@ class Args:
     seed: int = 1
     """seed of the experiment; env i of rank r is seeded with seed + r * local_num_envs + i"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, deterministic cuDNN and full fp32 matmuls; off: cuDNN autotuning and TF32 (GPUs)"""
     cuda: bool = True
     """if toggled, train on CUDA when available"""
     threads: int | None = None
@@ -274,13 +274,14 @@ def td_target(
     return rewards + gamma * next_q_target.gather(1, best).squeeze(1) * (1.0 - terminations)
 
 
-def td_loss(q_network, target_network, data: dict, gamma: float, double_q: bool, huber: bool):
+def td_loss(q_network, data: dict, gamma: float, double_q: bool, huber: bool):
     """The TD loss of ``q_network`` on ``data`` (Huber with ``huber``, else squared error) against
-    :func:`td_target` (Double DQN with ``double_q``); returns it and the Q-values of the taken actions."""
+    :func:`td_target` (Double DQN with ``double_q``), the target network's values of the next states given
+    as ``data["next_q_target"]``; returns it and the Q-values of the taken actions."""
     with torch.no_grad():
         next_q_online = q_network(data["next_obs"]) if double_q else None
-        target_q = target_network(data["next_obs"])
-        target = td_target(data["rewards"], target_q, next_q_online, data["terminations"].float(), gamma)
+        rewards, terminations = data["rewards"], data["terminations"].float()
+        target = td_target(rewards, data["next_q_target"], next_q_online, terminations, gamma)
     old_val = q_network(data["obs"]).gather(1, data["actions"].unsqueeze(1)).squeeze(1)
     return F.smooth_l1_loss(old_val, target) if huber else F.mse_loss(old_val, target), old_val
 
@@ -311,11 +312,14 @@ def main() -> None:
     device = ranks.device  # cuda:LOCAL_RANK (or --device-ids) with --cuda and a GPU, else the CPU
     world_size, distributed = ranks.world_size, ranks.distributed
     local_num_envs, local_batch_size = args.local_num_envs, args.batch_size // world_size
+    exploration_steps = int(args.exploration_fraction * args.total_timesteps)  # epsilon's decay, env steps
 
     random.seed(args.seed + ranks.rank)
     np.random.seed(args.seed + ranks.rank)
     torch.manual_seed(args.seed + ranks.rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.backends.cudnn.benchmark = not args.torch_deterministic  # autotuned kernels per (fixed) shape
+    torch.set_float32_matmul_precision("highest" if args.torch_deterministic else "high")  # TF32 on GPUs
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -382,14 +386,13 @@ def main() -> None:
         for step in range(1, num_steps + 1):
             global_step += args.num_envs
 
-            # ACT: epsilon-greedy (each rank draws its own exploration)
-            epsilon = linear_schedule(
-                args.start_e, args.end_e, int(args.exploration_fraction * args.total_timesteps), global_step
-            )
-            with inference_clock, torch.inference_mode():
-                actions = act(to_device(next_obs, device)).argmax(dim=1)
-            actions = actions.cpu().numpy()
+            # ACT: epsilon-greedy, each rank its own draws; the network runs only where an env does not explore
+            epsilon = linear_schedule(args.start_e, args.end_e, exploration_steps, global_step)
             explore = np.random.random(local_num_envs) < epsilon
+            actions = np.zeros(local_num_envs, dtype=np.int64)
+            if not explore.all():
+                with inference_clock, torch.inference_mode():
+                    actions = act(to_device(next_obs, device)).argmax(dim=1).cpu().numpy()
             actions[explore] = np.random.randint(n_actions, size=int(explore.sum()))
             t0 = time.perf_counter()
             obs = next_obs
@@ -404,11 +407,14 @@ def main() -> None:
             # UPDATE: each rank samples its share of the minibatch from its own shard; gradients are averaged.
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
                 with learn_clock:
-                    for _ in range(args.gradient_steps):
-                        data = rb.sample_to(local_batch_size, device)
-                        loss, old_val = loss_fn(
-                            q_network, target_network, data, args.gamma, args.double_q, args.huber_loss
-                        )
+                    # one draw for the whole burst; the target network, fixed within it, values it in one pass
+                    burst = rb.sample_to(local_batch_size * args.gradient_steps, device)
+                    with torch.no_grad():
+                        burst["next_q_target"] = target_network(burst["next_obs"])
+                    for i in range(args.gradient_steps):
+                        batch = slice(i * local_batch_size, (i + 1) * local_batch_size)
+                        data = {k: v[batch] for k, v in burst.items()}
+                        loss, old_val = loss_fn(q_network, data, args.gamma, args.double_q, args.huber_loss)
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
                         if distributed:

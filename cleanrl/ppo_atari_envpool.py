@@ -90,7 +90,8 @@ class Args:
     vector_mode: Literal["envpool", "ale"] = "envpool"
     """what steps the games: EnvPool, or ale-py's AtariVectorEnv (same preprocessing; no --capture-video)"""
     env_threads: int = 0
-    """worker threads of the vector env (0: one per env, capped by the cores)"""
+    """worker threads of the vector env (0: one per env, capped by the cores this process may use less one for
+    the main thread, which runs the policy and the update; on 2 cores, both)"""
     total_timesteps: int = 10_000_000
     """total env steps of the run, summed over envs (one step = 4 frames)"""
     learning_rate: float = 2.5e-4
@@ -307,9 +308,10 @@ def main() -> None:
     env_seed = args.seed
     if checkpoint is not None:  # new games after a resume, not a replay of the first ones
         env_seed = int(np.random.SeedSequence([args.seed, checkpoint["iteration"]]).generate_state(1)[0] >> 2)
-    envs = make_envs(
-        args.env_id, args.num_envs, env_seed, args.env_threads, args.capture_video, args.vector_mode
-    )
+    # the env threads leave the main thread (policy, update, GPU launches) a core of its own, from 3 cores on
+    cores = len(os.sched_getaffinity(0))
+    env_threads = args.env_threads or min(args.num_envs, cores - 1 if cores > 2 else cores)
+    envs = make_envs(args.env_id, args.num_envs, env_seed, env_threads, args.capture_video, args.vector_mode)
     assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # the rollout below relies on it
     obs_shape = envs.single_observation_space.shape
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from gymnasium.vector import AutoresetMode
 
 from cleanrl_utils.arguments import fail, require_positive, warn_if_no_learning
-from cleanrl_utils.buffers import ReplayBuffer
+from cleanrl_utils.buffers import ReplayBuffer, to_device
 from cleanrl_utils.checkpoint import load_optimizer, rng_state, set_rng_state
 from cleanrl_utils.distributed import Ranks
 from cleanrl_utils.envs import (
@@ -164,19 +164,30 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str):
     return thunk
 
 
-class SoftQNetwork(nn.Module):
-    def __init__(self, obs_dim: int, action_dim: int):
+class SoftQNetworks(nn.Module):
+    """The twin critics Q1 and Q2 as one network: their weights stacked, each layer one batched matrix
+    product over both. ``forward`` gives a (2, batch) tensor: row i is critic i's Q(s, a)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: int = 256, critics: int = 2):
         super().__init__()
-        self.network = nn.Sequential(
-            nn.Linear(obs_dim + action_dim, 256),
-            nn.ReLU(),
-            nn.Linear(256, 256),
-            nn.ReLU(),
-            nn.Linear(256, 1),
+        sizes = [(obs_dim + action_dim, hidden), (hidden, hidden), (hidden, 1)]
+        layers = [
+            [nn.Linear(n_in, n_out) for n_in, n_out in sizes] for _ in range(critics)
+        ]  # nn.Linear's init
+        self.w1, self.w2 = (
+            nn.Parameter(torch.stack([c[i].weight.detach().T for c in layers])) for i in (0, 1)
         )
+        self.b1, self.b2 = (
+            nn.Parameter(torch.stack([c[i].bias.detach()[None] for c in layers])) for i in (0, 1)
+        )
+        self.w3 = nn.Parameter(torch.stack([c[2].weight.detach() for c in layers]))  # (critics, 1, hidden)
+        self.b3 = nn.Parameter(torch.stack([c[2].bias.detach() for c in layers]))  # (critics, 1)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.network(torch.cat([obs, action], dim=1)).squeeze(1)
+        x = torch.cat([obs, action], dim=1).expand(len(self.w1), -1, -1)  # every critic sees the same input
+        x = torch.baddbmm(self.b1, x, self.w1).relu_()
+        x = torch.baddbmm(self.b2, x, self.w2).relu_()
+        return (x * self.w3).sum(2) + self.b3  # the 256 -> 1 layer as a dot product: a bmm of width 1 is slow
 
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -188,32 +199,38 @@ class Actor(nn.Module):
     def __init__(self, obs_dim: int, action_low: np.ndarray, action_high: np.ndarray):
         super().__init__()
         action_dim = len(action_low)
-        self.trunk = nn.Sequential(nn.Linear(obs_dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
-        self.mean = nn.Linear(256, action_dim)
-        self.log_std = nn.Linear(256, action_dim)
+        self.trunk = nn.Sequential(
+            nn.Linear(obs_dim, 256), nn.ReLU(inplace=True), nn.Linear(256, 256), nn.ReLU(inplace=True)
+        )
+        self.heads = nn.Linear(256, 2 * action_dim)  # the Gaussian's mean and (before its squash) log std
         low, high = (torch.as_tensor(bound, dtype=torch.float32) for bound in (action_low, action_high))
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
+        # the constant part of log pi(a|s): sum over the action of log(scale) + 2 log 2 + log(2 pi) / 2
+        constant = torch.log(self.action_scale).sum() + action_dim * (
+            2 * math.log(2.0) + 0.5 * math.log(2 * math.pi)
+        )
+        self.register_buffer("log_prob_constant", constant)
 
     def gaussian(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and log standard deviation of the Gaussian before the squash."""
-        hidden = self.trunk(obs)
+        mean, log_std = self.heads(self.trunk(obs)).chunk(2, dim=1)
         # a smooth squash of log_std into [LOG_STD_MIN, LOG_STD_MAX] keeps its gradient alive
-        return self.mean(hidden), LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (
-            torch.tanh(self.log_std(hidden)) + 1
-        )
+        return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A sampled action, its log-probability (with the tanh correction) and the deterministic action."""
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled action and its log-probability (with the tanh correction)."""
         mean, log_std = self.gaussian(obs)
-        std = log_std.exp()
-        u = mean + std * torch.randn_like(mean)  # reparameterised sample
-        y = torch.tanh(u)
-        gaussian_log_prob = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(1)
-        # change of variables a = scale * tanh(u) + bias; log(1 - tanh(u)^2) in a stable form
-        log_det = (torch.log(self.action_scale) + 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(1)
-        action = y * self.action_scale + self.action_bias
-        return action, gaussian_log_prob - log_det, torch.tanh(mean) * self.action_scale + self.action_bias
+        noise = torch.randn_like(mean)
+        u = mean + log_std.exp() * noise  # reparameterised sample
+        # log N(u; mean, std) - log |da/du| for a = scale * tanh(u) + bias, with
+        # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)) in a stable form
+        log_prob = (2.0 * (u + F.softplus(-2.0 * u)) - 0.5 * noise.square() - log_std).sum(1)
+        return torch.tanh(u) * self.action_scale + self.action_bias, log_prob - self.log_prob_constant
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deterministic action: the squashed mean (for evaluation)."""
+        return torch.tanh(self.gaussian(obs)[0]) * self.action_scale + self.action_bias
 
 
 def soft_q_target(
@@ -233,24 +250,24 @@ def soft_q_target(
     return rewards + gamma * (1.0 - terminations) * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
 
 
-def critic_loss(actor, qf1, qf2, qf1_target, qf2_target, data: dict[str, torch.Tensor], alpha, gamma: float):
+def critic_loss(actor, qf, qf_target, data: dict[str, torch.Tensor], alpha, gamma: float):
     """Both critics' mean squared error to one clipped double-Q soft target on ``data``, summed; returns
-    it and both critics' values."""
+    it and the critics' values (2, batch)."""
     with torch.no_grad():
         next_obs, rewards, terminations = data["next_obs"], data["rewards"], data["terminations"].float()
-        next_actions, next_log_prob, _ = actor(next_obs)
-        next_q1, next_q2 = qf1_target(next_obs, next_actions), qf2_target(next_obs, next_actions)
-        target = soft_q_target(rewards, next_q1, next_q2, next_log_prob, terminations, alpha, gamma)
-    qf1_values, qf2_values = qf1(data["obs"], data["actions"]), qf2(data["obs"], data["actions"])
-    return F.mse_loss(qf1_values, target) + F.mse_loss(qf2_values, target), qf1_values, qf2_values
+        next_actions, next_log_prob = actor(next_obs)
+        next_q = qf_target(next_obs, next_actions)
+        target = soft_q_target(rewards, next_q[0], next_q[1], next_log_prob, terminations, alpha, gamma)
+    q_values = qf(data["obs"], data["actions"])
+    return 2.0 * F.mse_loss(q_values, target.expand_as(q_values)), q_values  # = MSE(Q1) + MSE(Q2)
 
 
-def policy_loss(actor, qf1, qf2, obs: torch.Tensor, alpha, log_alpha, target_entropy: float, autotune: bool):
+def policy_loss(actor, qf, obs: torch.Tensor, alpha, log_alpha, target_entropy: float, autotune: bool):
     """The actor's loss mean(alpha * log pi(a|s) - min(Q1, Q2)(s, a)), a ~ pi(.|s), on ``obs``; with
     ``autotune`` plus the temperature's loss, which reaches ``log_alpha`` only (one backward for both).
     Returns (the sum, the actor's loss)."""
-    pi, log_pi, _ = actor(obs)
-    actor_loss = (alpha * log_pi - torch.min(qf1(obs, pi), qf2(obs, pi))).mean()
+    pi, log_pi = actor(obs)
+    actor_loss = (alpha * log_pi - qf(obs, pi).amin(0)).mean()
     if not autotune:
         return actor_loss, actor_loss
     return actor_loss - (log_alpha * (log_pi.detach() + target_entropy)).mean(), actor_loss
@@ -292,21 +309,18 @@ def main() -> None:
     envs.single_action_space.seed(args.seed)
 
     actor = Actor(obs_dim, low, high).to(device)
-    qf1, qf2, qf1_target, qf2_target = (SoftQNetwork(obs_dim, action_shape[0]).to(device) for _ in range(4))
-    qf1_target.requires_grad_(False), qf2_target.requires_grad_(False)
-    qf1_target.load_state_dict(qf1.state_dict())
-    qf2_target.load_state_dict(qf2.state_dict())
-    q_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.q_lr, fused=True)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
+    qf, qf_target = (SoftQNetworks(obs_dim, action_shape[0]).to(device) for _ in range(2))
+    qf_target.requires_grad_(False)
+    qf_target.load_state_dict(qf.state_dict())
+    q_params = list(qf.parameters())
+    q_optimizer = torch.optim.Adam(q_params, lr=args.q_lr, fused=True)
     target_entropy = -float(np.prod(action_shape))
-    log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
-    a_optimizer = torch.optim.Adam([log_alpha], lr=args.policy_lr, fused=True)
-    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
-    alpha = log_alpha.detach().exp() if args.autotune else args.alpha
-    q_params = [*qf1.parameters(), *qf2.parameters()]
-    # the actor's and the temperature's gradients come from one backward, and step together
+    log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=args.autotune)
+    alpha = log_alpha.detach().exp()
+    # the actor's and the temperature's gradients come from one backward: one optimizer steps both
     actor_params = [*actor.parameters(), log_alpha] if args.autotune else list(actor.parameters())
-    actor_optimizers = [actor_optimizer, a_optimizer] if args.autotune else [actor_optimizer]
+    actor_optimizer = torch.optim.Adam(actor_params, lr=args.policy_lr, fused=True)
+    nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
     mode = "reduce-overhead" if args.cudagraphs else None  # reduce-overhead: replayed as a CUDA graph
     act = torch.compile(actor, mode=mode) if args.compile else actor
     critic_loss_fn = torch.compile(critic_loss) if args.compile else critic_loss
@@ -320,14 +334,13 @@ def main() -> None:
     global_step, updates = 0, 0
     if checkpoint is not None:
         actor.load_state_dict(checkpoint["actor"])
-        for net, key in ((qf1, "qf1"), (qf2, "qf2"), (qf1_target, "qf1_target"), (qf2_target, "qf2_target")):
-            net.load_state_dict(checkpoint[key])
+        qf.load_state_dict(checkpoint["qf"])
+        qf_target.load_state_dict(checkpoint["qf_target"])
         load_optimizer(q_optimizer, checkpoint["q_optimizer"], args.q_lr)
         load_optimizer(actor_optimizer, checkpoint["actor_optimizer"], args.policy_lr)
-        load_optimizer(a_optimizer, checkpoint["a_optimizer"], args.policy_lr)
         with torch.no_grad():
             log_alpha.copy_(checkpoint["log_alpha"])
-        alpha = log_alpha.detach().exp() if args.autotune else args.alpha
+        alpha = log_alpha.detach().exp()
         set_vector_state(envs, checkpoint["envs"])
         set_rng_state(checkpoint["rng"])
         envs.single_action_space.np_random.bit_generator.state = checkpoint["action_space_rng"]
@@ -345,7 +358,8 @@ def main() -> None:
     env_time = 0.0
     inference_clock, learn_clock = DeviceClock(device), DeviceClock(device)  # CUDA events on a GPU
     log_every = max(1000 // args.num_envs, 1)  # vector steps between scalar writes
-    qf_loss = actor_loss = qf1_values = qf2_values = torch.zeros((), device=device)  # of the latest update
+    qf_loss = actor_loss = torch.zeros((), device=device)  # of the latest update
+    q_values = torch.zeros(2, 1, device=device)
     num_steps = (args.total_timesteps - global_step) // args.num_envs
     try:
         for step in range(1, num_steps + 1):
@@ -356,7 +370,7 @@ def main() -> None:
                 actions = np.stack([envs.single_action_space.sample() for _ in range(args.num_envs)])
             else:
                 with inference_clock, torch.inference_mode():
-                    actions, _, _ = act(torch.as_tensor(next_obs, dtype=torch.float32, device=device))
+                    actions, _ = act(to_device(next_obs.astype(np.float32), device))  # pinned: no GPU wait
                 actions = actions.cpu().numpy()
             t0 = time.perf_counter()
             obs = next_obs
@@ -373,9 +387,7 @@ def main() -> None:
             if global_step > first_learning_step:
                 with learn_clock:
                     data = rb.sample_to(args.batch_size, device)
-                    qf_loss, qf1_values, qf2_values = critic_loss_fn(
-                        actor, qf1, qf2, qf1_target, qf2_target, data, alpha, args.gamma
-                    )
+                    qf_loss, q_values = critic_loss_fn(actor, qf, qf_target, data, alpha, args.gamma)
                     q_optimizer.zero_grad(set_to_none=True)
                     qf_loss.backward()
                     norm = nn.utils.get_total_norm([p.grad for p in q_params])
@@ -383,27 +395,22 @@ def main() -> None:
                     updates += 1
 
                     if updates % args.policy_frequency == 0:
-                        for (
-                            p
-                        ) in q_params:  # the actor's loss trains the actor only: no critic weight gradients
-                            p.requires_grad_(False)
+                        qf.requires_grad_(
+                            False
+                        )  # the actor's loss trains the actor only: no critic weight gradients
                         for _ in range(args.policy_frequency):
                             loss, actor_loss = policy_loss_fn(
-                                actor, qf1, qf2, data["obs"], alpha, log_alpha, target_entropy, args.autotune
+                                actor, qf, data["obs"], alpha, log_alpha, target_entropy, args.autotune
                             )
-                            for optimizer in actor_optimizers:
-                                optimizer.zero_grad(set_to_none=True)
+                            actor_optimizer.zero_grad(set_to_none=True)
                             loss.backward()
                             norm = nn.utils.get_total_norm([p.grad for p in actor_params])
-                            for optimizer in actor_optimizers:
-                                nan_guard.step(optimizer, norm, global_step)
-                            if args.autotune:
-                                alpha = log_alpha.detach().exp()  # on the device: no host wait
-                        qf1.requires_grad_(True), qf2.requires_grad_(True)
+                            nan_guard.step(actor_optimizer, norm, global_step)
+                            alpha = log_alpha.detach().exp()  # on the device: no host wait
+                        qf.requires_grad_(True)
 
                     if updates % args.target_network_frequency == 0:
-                        polyak_update_(qf1_target, qf1, args.tau)
-                        polyak_update_(qf2_target, qf2, args.tau)
+                        polyak_update_(qf_target, qf, args.tau)
 
             # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)
@@ -415,8 +422,8 @@ def main() -> None:
                 writer.add_scalar("perf/learn_time", learn_clock.read(), global_step)
                 writer.add_scalar("perf/replay_bytes", rb.nbytes, global_step)
                 if updates > 0:
-                    writer.add_scalar("losses/qf1_values", qf1_values.mean().item(), global_step)
-                    writer.add_scalar("losses/qf2_values", qf2_values.mean().item(), global_step)
+                    writer.add_scalar("losses/qf1_values", q_values[0].mean().item(), global_step)
+                    writer.add_scalar("losses/qf2_values", q_values[1].mean().item(), global_step)
                     writer.add_scalar("losses/qf_loss", qf_loss.item() / 2.0, global_step)
                     writer.add_scalar("losses/actor_loss", actor_loss.item(), global_step)
                     writer.add_scalar("losses/alpha", float(alpha), global_step)
@@ -427,13 +434,10 @@ def main() -> None:
             if due:
                 state = {  # everything an exact resume needs (and the replay, with --checkpoint-buffer)
                     "actor": actor.state_dict(),
-                    "qf1": qf1.state_dict(),
-                    "qf2": qf2.state_dict(),
-                    "qf1_target": qf1_target.state_dict(),
-                    "qf2_target": qf2_target.state_dict(),
+                    "qf": qf.state_dict(),
+                    "qf_target": qf_target.state_dict(),
                     "q_optimizer": q_optimizer.state_dict(),
                     "actor_optimizer": actor_optimizer.state_dict(),
-                    "a_optimizer": a_optimizer.state_dict(),
                     "log_alpha": log_alpha.detach().cpu(),
                     "global_step": global_step,
                     "updates": updates,

@@ -149,13 +149,13 @@ class ReplayBuffer:
         self.rng.bit_generator.state = state["rng"]
 
 
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``array`` as a tensor on ``device``.
+def to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``array`` (an array or a CPU tensor) as a tensor on ``device``.
 
     To a GPU it goes through pinned memory and ``non_blocking``: a copy from ordinary (pageable) memory
     would first wait for all the work queued on the GPU. The pinned block comes from torch's caching
     host allocator, which reuses it only once the copy has finished, so the caller may drop it at once.
     """
-    if device.type != "cuda":
-        return torch.as_tensor(array, device=device)
-    return torch.from_numpy(np.ascontiguousarray(array)).pin_memory().to(device, non_blocking=True)
+    if device.type != "cuda":  # (the CPU: the array's memory itself, no copy)
+        return torch.as_tensor(array) if device.type == "cpu" else torch.as_tensor(array, device=device)
+    return torch.as_tensor(array).contiguous().pin_memory().to(device, non_blocking=True)

@@ -33,6 +33,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,8 @@ import torch.nn as nn
 from cleanrl_utils.arguments import default_run_name, fail, find_checkpoint, note, read_checkpoint
 from cleanrl_utils.checkpoint import CheckpointError
 from cleanrl_utils.reshard import reshard
+
+PEER_WATCH_GRACE = 30.0  # seconds NCCL's own timeout adds to --dist-timeout (see Ranks.watch_peers)
 
 
 def check_devices(args: Any, local_world_size: int) -> None:
@@ -90,6 +93,9 @@ class Ranks:
     run_store: Any = None  # torchrun's store, unprefixed: it outlives a restart of the workers
     objects: Any = None  # the gloo side group for Python objects and host-level agreements
     _agents: list[str] | None = None  # this attempt's torchrun agents, until the first checkpoint records them
+    step: int = 0  # the env step the run has reached, and its last good checkpoint (for the lost-rank line)
+    last_checkpoint: Path | None = None
+    lost: bool = False  # a rank stopped answering: the process group is not destroyed at exit
 
     @classmethod
     def from_env(cls) -> Ranks:
@@ -145,15 +151,63 @@ class Ranks:
             store=self.store,
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timeout,
+            # NCCL's watchdog gives a lost peer PEER_WATCH_GRACE more than the peer watch, which names it first
+            timeout=timeout + datetime.timedelta(seconds=PEER_WATCH_GRACE if backend == "nccl" else 0),
             device_id=self.device if backend == "nccl" else None,
         )
         self.objects = dist.new_group(backend="gloo", timeout=timeout)
         atexit.register(self.close)  # also on the paths that leave before the run's ``finally`` (exit 2 in set-up)
+        if backend == "nccl":
+            threading.Thread(target=self.watch_peers, name="peer-watch", daemon=True).start()
+
+    def watch_peers(self, period: float = 1.0) -> None:
+        """Name a rank that stops answering while this one waits inside an NCCL collective (a thread of its own).
+
+        A collective whose peer is gone blocks the host inside a CUDA wait, where Python never runs, until
+        NCCL's watchdog aborts the process without a word. So every rank beats on the store every ``period``
+        seconds from this daemon thread (torch releases the GIL in its kernels and file writes: a busy rank
+        still beats) and watches the others' beats. When one has not beaten for --dist-timeout, the lowest
+        rank still beating says so in one line, as ``exit_on_lost_rank`` does, and every live rank exits 1.
+        """
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        last_change = {r: (None, time.monotonic()) for r in peers}
+        beat = 0
+        while True:
+            beat += 1
+            try:
+                self.store.set(f"beat/{self.rank}", str(beat))
+                beats = {r: self.store.get(f"beat/{r}") if self.store.check([f"beat/{r}"]) else None for r in peers}
+            except Exception:  # the store itself is gone: it lived with a rank (or agent) that stopped
+                beats = None
+            now = time.monotonic()
+            if beats is None:
+                silent = None
+            else:
+                for r, value in beats.items():
+                    if value != last_change[r][0]:
+                        last_change[r] = (value, now)
+                silent = [r for r, (_, since) in last_change.items() if now - since > self.timeout]
+                if not silent:
+                    time.sleep(period)
+                    continue
+            self.lost = True
+            who = (
+                f"rank {', '.join(map(str, silent))} stopped answering"
+                if silent
+                else "the rendezvous store stopped answering"
+            )
+            live = [r for r in range(self.world_size) if r not in (silent or [])]
+            if not live or self.rank == min(live):
+                print(f"error: {who}: no reply within --dist-timeout {self.timeout:g}s at step {self.step}; "
+                      f"last good checkpoint: {self.last_checkpoint or 'none'}", file=sys.stderr, flush=True)  # fmt: skip
+            else:
+                time.sleep(1.0)  # let the lowest live rank speak first
+            os._exit(1)  # the main thread is stuck in a CUDA wait: no finally block would ever run
 
     def close(self) -> None:
-        """Leave the process group (every rank, on every exit path, so none warns or hangs at exit)."""
-        if self.distributed and dist.is_initialized():
+        """Leave the process group (every rank, on every exit path, so none warns or hangs at exit). Not after a
+        lost rank: destroying an NCCL group waits for the collectives queued on it, which the lost rank never joins."""
+        if self.distributed and dist.is_initialized() and not self.lost:
             dist.destroy_process_group()
 
     # ---------------------------------------------------------------------------------------- objects
@@ -327,6 +381,7 @@ class Ranks:
         timed_out = "imed out" in text
         why = f"no reply within --dist-timeout {self.timeout:g}s" if timed_out else "its connection closed"
         message = f"error: {who}: {why} at step {global_step}; last good checkpoint: {last or 'none'}"
+        self.lost = True
         live = [r for r in range(self.world_size) if r not in (silent or [])]
         if not live or self.rank == min(live):
             print(message, file=sys.stderr, flush=True)

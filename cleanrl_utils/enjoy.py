@@ -65,8 +65,7 @@ def make_policy(name: str, module, checkpoint: dict, env: gym.Env, greedy: bool,
         net.load_state_dict(checkpoint["actor"])
 
         def policy(x):
-            action, _, mean = net(x)
-            return mean if greedy else action
+            return net.greedy(x) if greedy else net(x)[0]
 
     elif name in CONTINUOUS_PPO:
         net = module.Agent(obs_dim, int(np.prod(env.action_space.shape)))

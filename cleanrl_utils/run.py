@@ -386,6 +386,7 @@ class Run:
         ``signum`` is this process's ``stop.signum``, or under torchrun the one all ranks agreed on:
         never read the flag twice, a signal arriving in between would make the ranks disagree.
         """
+        self.ranks.step, self.ranks.last_checkpoint = global_step, self.last_checkpoint  # for the peer watch's line
         if final or signum or interval_crossed(global_step, steps_done, self.args.checkpoint_interval):
             return True
         # one process (a tuner trial, a grid task): also every CHECKPOINT_SECONDS, so that a preemption loses

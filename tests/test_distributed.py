@@ -270,6 +270,41 @@ def _watch_records(watch) -> list[dict]:
     return [json.loads((watch / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+def _rank_of(proc) -> str | None:
+    """The RANK of a live process (None once it has ended, or is a zombie)."""
+    with contextlib.suppress(Exception):  # it may end meanwhile
+        return None if proc.status() == "zombie" else proc.environ().get("RANK")
+    return None
+
+
+def test_the_peer_watch_names_a_rank_that_stops_while_this_one_waits_on_the_gpu(tmp_path, marker):
+    """Under NCCL a stopped peer leaves the others blocked in a CUDA wait, where no Python runs: the peer watch
+    (a thread beating on the store) names it in one line after --dist-timeout, and the live rank exits 1."""
+    cmd = [*torchrun_cmd(2), str(REPO / "tests/peer_stops.py")]
+    env = script_env({"CLEANRL_TEST_MARKER": marker, "WATCH_TIMEOUT": "3"})
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, said = [], float("inf")
+    try:
+        for line in proc.stdout:  # until the line (or the end: the ranks sleep 120 s unless the watch acts)
+            out.append(line.rstrip("\n"))
+            if line.startswith("error:"):
+                said = time.monotonic() - start
+                break
+        deadline = time.monotonic() + 10  # and the live rank has ended itself
+        while any(_rank_of(p) == "0" for p in processes_with_marker(marker)):
+            assert time.monotonic() < deadline, "rank 0 still runs after its line"
+            time.sleep(0.1)
+    finally:
+        for p in processes_with_marker(marker):
+            p.send_signal(signal.SIGKILL)
+    out += proc.stdout.read().splitlines()
+    assert said < 30, "\n".join(out[-50:])  # not the 120 s the ranks would otherwise wait
+    lines = [line for line in out if line.startswith("error:")]
+    assert lines == ["error: rank 1 stopped answering: no reply within --dist-timeout 3s at step 4096; "
+                     "last good checkpoint: none"], "\n".join(out[-50:])  # fmt: skip
+
+
 def test_a_restart_whose_rank_0_lacks_the_newest_checkpoint_is_refused(tmp_path, marker):
     """Only rank 0 writes checkpoints, on its own node. A torchrun restart that puts rank 0 on a node without
     them (faked here: the files are moved away while the ranks are stopped, then both are killed) says so in

@@ -21,7 +21,7 @@ from cleanrl.dqn import td_target
 from cleanrl.ppo import Agent as CategoricalAgent
 from cleanrl.ppo_continuous_action import Agent as GaussianAgent
 from cleanrl.ppo_continuous_action import gaussian_log_prob
-from cleanrl.sac_continuous_action import Actor, soft_q_target
+from cleanrl.sac_continuous_action import Actor, SoftQNetworks, critic_loss, policy_loss, soft_q_target
 from cleanrl_utils.atari_wrappers import wrap_atari
 
 pytestmark = pytest.mark.quick  # every test here is in the quick tier (README: Test)
@@ -77,7 +77,8 @@ def test_sac_squashed_log_prob_matches_the_transformed_distribution():
     low, high = np.array([-2.0, 0.0], np.float32), np.array([2.0, 3.0], np.float32)
     actor = Actor(5, low, high)
     obs = torch.randn(256, 5) * 0.5
-    action, log_prob, deterministic = actor(obs)
+    action, log_prob = actor(obs)
+    deterministic = actor.greedy(obs)
     mean, log_std = actor.gaussian(obs)
     squashed = TransformedDistribution(
         Normal(mean, log_std.exp()), [TanhTransform(), AffineTransform(actor.action_bias, actor.action_scale)]
@@ -85,6 +86,82 @@ def test_sac_squashed_log_prob_matches_the_transformed_distribution():
     torch.testing.assert_close(log_prob, Independent(squashed, 1).log_prob(action), rtol=1e-4, atol=1e-3)
     assert ((action >= torch.from_numpy(low)) & (action <= torch.from_numpy(high))).all()
     torch.testing.assert_close(deterministic, torch.tanh(mean) * actor.action_scale + actor.action_bias)
+
+
+def _separate_critics(twin: SoftQNetworks) -> list[torch.nn.Sequential]:
+    """Two ordinary MLP critics (nn.Linear, ReLU) holding the batched network's weights."""
+    critics = []
+    for i in range(2):
+        layers = [torch.nn.Linear(*twin.w1[i].shape), torch.nn.Linear(*twin.w2[i].shape), torch.nn.Linear(256, 1)]
+        with torch.no_grad():
+            for layer, w, b in zip(
+                layers, (twin.w1[i].T, twin.w2[i].T, twin.w3[i]), (twin.b1[i, 0], twin.b2[i, 0], twin.b3[i])
+            ):
+                layer.weight.copy_(w), layer.bias.copy_(b)
+        critics.append(torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], torch.nn.ReLU(), layers[2]))
+    return critics
+
+
+def test_batched_critics_equal_two_separate_critics():
+    """SAC's twin critics as one batched network: outputs, both losses and every gradient (weights, biases and
+    the action's, which trains the actor) equal those of two separate MLPs with the same weights; and the
+    batched network starts from the weights two separately made critics would have."""
+    torch.manual_seed(0)
+    twin, twin_target, actor = SoftQNetworks(11, 3), SoftQNetworks(11, 3), Actor(11, -np.ones(3), np.ones(3))
+    torch.manual_seed(0)
+    made_apart = [
+        torch.nn.Sequential(torch.nn.Linear(14, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 1))
+        for _ in range(2)
+    ]
+    for critic, reference in zip(_separate_critics(twin), made_apart):
+        for mine, theirs in zip(critic[::2], reference):
+            assert torch.equal(mine.weight, theirs.weight) and torch.equal(mine.bias, theirs.bias)
+
+    critics, targets = _separate_critics(twin), _separate_critics(twin_target)
+    obs, next_obs, actions = torch.randn(64, 11), torch.randn(64, 11), torch.rand(64, 3) * 2 - 1
+    data = {"obs": obs, "actions": actions, "next_obs": next_obs, "rewards": torch.randn(64),
+            "terminations": torch.rand(64) < 0.2}  # fmt: skip
+    q_values = twin(obs, actions)
+    for i, critic in enumerate(critics):
+        torch.testing.assert_close(q_values[i], critic(torch.cat([obs, actions], 1)).squeeze(1))
+
+    # the critics' loss: one target for both, MSE(Q1) + MSE(Q2), and its gradient of every weight and bias
+    torch.manual_seed(1)
+    loss, _ = critic_loss(actor, twin, twin_target, data, alpha=0.2, gamma=0.99)
+    loss.backward()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        next_actions, next_log_prob = actor(next_obs)
+        next_q = [t(torch.cat([next_obs, next_actions], 1)).squeeze(1) for t in targets]
+        target = soft_q_target(data["rewards"], *next_q, next_log_prob, data["terminations"].float(), 0.2, 0.99)
+    x = torch.cat([obs, actions], 1)
+    reference = sum(torch.nn.functional.mse_loss(c(x).squeeze(1), target) for c in critics)
+    reference.backward()
+    torch.testing.assert_close(loss, reference)
+    for i, critic in enumerate(critics):
+        grads = [
+            twin.w1.grad[i].T,
+            twin.b1.grad[i, 0],
+            twin.w2.grad[i].T,
+            twin.b2.grad[i, 0],
+            twin.w3.grad[i],
+            twin.b3.grad[i],
+        ]
+        expected = [p.grad for layer in critic[::2] for p in (layer.weight, layer.bias)]
+        for mine, theirs in zip(grads, expected):
+            torch.testing.assert_close(mine, theirs)
+
+    # the actor's loss goes through min(Q1, Q2) of a sampled action: its gradient of the actor's weights
+    twin.requires_grad_(False)
+    torch.manual_seed(2)
+    loss, _ = policy_loss(actor, twin, obs, 0.2, None, -3.0, autotune=False)
+    batched = torch.autograd.grad(loss, list(actor.parameters()))
+    torch.manual_seed(2)
+    pi, log_pi = actor(obs)
+    q = torch.min(*(c(torch.cat([obs, pi], 1)).squeeze(1) for c in critics))
+    separate = torch.autograd.grad((0.2 * log_pi - q).mean(), list(actor.parameters()))
+    for mine, theirs in zip(batched, separate):
+        torch.testing.assert_close(mine, theirs)
 
 
 def test_td_target_by_hand():

@@ -40,7 +40,7 @@ def _digest(state: dict[str, torch.Tensor]) -> str:
     """The SHA-256 the multigpu scripts record, recomputed from a saved state_dict."""
     digest = hashlib.sha256()
     for key, value in state.items():
-        if key not in ("action_scale", "action_bias"):  # buffers, not parameters
+        if key not in ("action_scale", "action_bias", "log_prob_constant"):  # buffers, not parameters
             digest.update(value.contiguous().numpy().tobytes())
     return digest.hexdigest()
 
@@ -77,7 +77,7 @@ def test_sac_runs_mujoco_halfcheetah(tmp_path):
 RESUME = {
     "dqn.py": (SMALL_DQN, 1600, 800, ("model", "target")),
     "dqn_atari.py": (SMALL_DQN_ATARI, 1000, 600, ("model", "target")),
-    "sac_continuous_action.py": (SMALL_SAC, 1200, 600, ("actor", "qf1", "qf2", "qf1_target", "qf2_target")),
+    "sac_continuous_action.py": (SMALL_SAC, 1200, 600, ("actor", "qf", "qf_target")),
 }
 
 
@@ -163,7 +163,7 @@ MULTI = {
     ),
     "sac_continuous_action_multigpu.py": (
         [*SMALL_SAC, "--num-envs", "2", "--buffer-size", "2000", "--total-timesteps", "1000"],
-        ("actor", "qf1", "qf2", "qf1_target", "qf2_target"),
+        ("actor", "qf", "qf_target"),
     ),
 }
 
@@ -284,7 +284,7 @@ def test_one_process_reproduces_the_single_script(tmp_path, single, multi):
         cwd.mkdir()
         run_script(script, *flags, "--total-timesteps", "400", "--run-name", "r", cwd=cwd)
         results.append(final_checkpoint(cwd / "runs/r"))
-    nets = ("model", "target") if single == "dqn_atari.py" else ("actor", "qf1", "qf2")
+    nets = ("model", "target") if single == "dqn_atari.py" else ("actor", "qf")
     for net in nets:
         assert same_parameters(results[0][net], results[1][net]), net
 
