@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -285,12 +286,12 @@ def test_the_peer_watch_names_a_rank_that_stops_while_this_one_waits_on_the_gpu(
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, said = [], float("inf")
+    reader = threading.Thread(target=lambda: out.extend(line.rstrip("\n") for line in proc.stdout), daemon=True)
+    reader.start()
     try:
-        for line in proc.stdout:  # until the line (or the end: the ranks sleep 120 s unless the watch acts)
-            out.append(line.rstrip("\n"))
-            if line.startswith("error:"):
-                said = time.monotonic() - start
-                break
+        while time.monotonic() - start < 60 and not any(line.startswith("error:") for line in out):
+            time.sleep(0.1)  # (without the watch the ranks sleep 120 s, and the stopped one never ends)
+        said = time.monotonic() - start
         deadline = time.monotonic() + 10  # and the live rank has ended itself
         while any(_rank_of(p) == "0" for p in processes_with_marker(marker)):
             assert time.monotonic() < deadline, "rank 0 still runs after its line"
@@ -298,7 +299,7 @@ def test_the_peer_watch_names_a_rank_that_stops_while_this_one_waits_on_the_gpu(
     finally:
         for p in processes_with_marker(marker):
             p.send_signal(signal.SIGKILL)
-    out += proc.stdout.read().splitlines()
+    reader.join(timeout=10)
     assert said < 30, "\n".join(out[-50:])  # not the 120 s the ranks would otherwise wait
     lines = [line for line in out if line.startswith("error:")]
     assert lines == ["error: rank 1 stopped answering: no reply within --dist-timeout 3s at step 4096; "
