@@ -32,6 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 OURS = (str(ROOT / "cleanrl") + os.sep, str(ROOT / "cleanrl_utils") + os.sep)
 CHECKPOINTING = (str(ROOT / "cleanrl_utils" / "checkpoint.py"),)  # a wait inside these is a checkpoint's
+CHECKPOINT_CALLS = {("save", "run.py"), ("parameters_digest", "distributed.py")}  # and inside these calls
 counts: dict[str, collections.Counter[str]] = {"syncs": collections.Counter(), "checkpoint": collections.Counter()}
 _show = warnings.showwarning
 _shown: set[tuple] = set()
@@ -46,7 +47,7 @@ def charge(skip: int = 2) -> None:
         counts["syncs"]["elsewhere"] += 1
         return
     saving = any(
-        f.filename.startswith(CHECKPOINTING) or (f.name == "save" and f.filename.endswith("run.py")) for f in ours
+        f.filename.startswith(CHECKPOINTING) or (f.name, Path(f.filename).name) in CHECKPOINT_CALLS for f in ours
     )
     where = f"{Path(ours[-1].filename).relative_to(ROOT)}:{ours[-1].lineno}"
     counts["checkpoint" if saving else "syncs"][where] += 1

@@ -67,8 +67,8 @@ def checks(quick: bool, cpu: bool = False) -> list[Check]:
     worker processes), one of them under torchrun with NCCL. The CPU dry run leaves ``--cudagraphs`` out."""
     k = 1 if quick else 2
     atari = ["--env-id", "BreakoutNoFrameskip-v4"]
-    dqn = ["--learning-starts", "500", "--train-frequency", "4", "--batch-size", "32", "--buffer-size", "10000"]
-    sac = ["--env-id", "Pendulum-v1", "--learning-starts", "500", "--batch-size", "64", "--num-envs", "1"]
+    dqn = ["--learning-starts", "100", "--train-frequency", "4", "--batch-size", "32", "--buffer-size", "10000"]
+    sac = ["--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "64", "--num-envs", "1"]
     appo = ["--num-actors", "2", "--num-envs", "8", "--num-steps", "64", "--update-epochs", "2"]
     ppo = ["--num-envs", "8", "--num-steps", "128"]
     # budgets: the actions once per env step, plus the logging points (every 1,000 env steps for DQN and SAC,
@@ -99,8 +99,8 @@ def checks(quick: bool, cpu: bool = False) -> list[Check]:
             1,
             True,
         ),
-        Check("appo.py", [*appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True, 24),
-        Check("appo_atari.py", [*atari, *appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True, 24),
+        Check("appo.py", [*appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True, 12),
+        Check("appo_atari.py", [*atari, *appo, "--total-timesteps", str(4096 * k)], 8 * k, "update", 0, True, 12),
     ]
     fast = ["--compile"] if cpu else ["--compile", "--cudagraphs"]
     families = ["ppo_atari_envpool.py" if HAVE_ENVPOOL else "ppo_atari.py", "dqn_atari.py", "sac_continuous_action.py",

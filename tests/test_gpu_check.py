@@ -91,3 +91,22 @@ def test_the_rows_the_target_needs_run_first(gpu_check, monkeypatch):
         "ppo_atari_envpool.py, 64 envs --no-torch-deterministic",
         "ppo_atari_envpool.py, 64 envs --no-torch-deterministic --compile --cudagraphs",
     ], names
+
+
+@pytest.mark.parametrize("script", ["sac_continuous_action.py", "dqn.py", "appo.py"])
+def test_the_cpu_dry_run_counts_the_waits_within_each_scripts_budget(gpu_check, tmp_path, script):
+    """The check's CPU dry run counts the calls that would wait on a GPU (value reads, copies to the host,
+    uploads that skip pinned memory): each script stays within the budget README and docs/reference.md state
+    (the actions once per env step; APPO's learner one read per update and its logging), checkpoints apart."""
+    import json
+
+    check = next(c for c in gpu_check.checks(quick=True, cpu=True) if c.script == script)
+    report = tmp_path / "syncs.json"
+    cmd = gpu_check.command(check.script, check.flags, check.torchrun, True, [str(REPO / "benchmark/count_syncs.py")])
+    env = script_env({"SYNC_REPORT": str(report)})
+    code, _, _, tail = gpu_check.run(cmd, tmp_path, env, timeout=240)
+    assert code == 0, tail
+    counts = json.loads(report.read_text())
+    waits = sum(counts["syncs"].values())
+    assert waits > 0 and sum(counts["checkpoint"].values()) > 0, counts  # the counter is wired, both buckets
+    assert gpu_check.per_step(check, waits) <= check.budget, counts["syncs"]
