@@ -4,8 +4,13 @@
    torchrun ones at world size 1 with NCCL (and the gloo side group for objects and agreements),
    each under ``torch.cuda.set_sync_debug_mode("warn")``. For each script it prints the lines where
    the host waited for the GPU, how often, and how often per loop iteration (an env step for
-   DQN/SAC, a rollout + update for PPO, an update for APPO's learner) and per env step. The goal:
-   one wait per env step (CPU envs need the actions), none per gradient step outside logging.
+   DQN/SAC, a rollout + update for PPO, an update for APPO's learner) and per env step, with the
+   waits made while checkpoints are written counted apart. The budget: one wait per env step (CPU envs
+   need the actions) plus the logging points; a row over it fails. Then one script of every family
+   again with ``--compile --cudagraphs`` (one under torchrun with NCCL; APPO, which has no CUDA graph,
+   with ``--compile``): a row whose CUDA graphs did not engage fails. With ``--cpu`` (the dry run) the
+   calls that would wait on a GPU are counted instead (value reads, copies to the host, uploads that
+   skip pinned memory), against the same budgets.
 2. Throughput: ``ppo_atari_envpool.py`` at 8, 32 and 64 envs with and without ``--compile`` (and at
    64 with determinism off, then with ``--compile --cudagraphs`` too), and ``ppo_atari.py`` against
    ``ppo_atari_multigpu.py`` at world size 1, with SPS (from the second iteration on), CPU seconds

@@ -12,7 +12,10 @@ Algorithm (Haarnoja et al. 2018, with the CleanRL / TD3 conventions): a tanh-squ
 actor, two Q-networks with Polyak-averaged targets, clipped double-Q soft targets, the entropy
 temperature tuned towards -|A| unless ``--no-autotune``, and the actor (with the temperature)
 updated ``policy_frequency`` times every ``policy_frequency`` steps. One critic update per
-vector step; before ``learning_starts`` actions are uniform.
+vector step; before ``learning_starts`` actions are uniform. The two Q-networks are one module
+(``SoftQNetworks``: weights stacked, one batched matrix product per layer; the same maths as two
+networks, tests/test_maths.py), so each update is a few large kernels instead of many small ones:
+benchmark/offpolicy_throughput.sh and offpolicy_profile.py measure it against Stable-Baselines3.
 
 Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
 observation after a transition is the next one stored, including at episode ends where it is the

@@ -11,7 +11,8 @@ Algorithm (Haarnoja et al. 2018, with the CleanRL / TD3 conventions): a tanh-squ
 actor, two Q-networks with Polyak-averaged targets, clipped double-Q soft targets, the entropy
 temperature tuned towards -|A| unless ``--no-autotune``, and the actor (with the temperature)
 updated ``policy_frequency`` times every ``policy_frequency`` steps. One critic update per
-vector step; before ``learning_starts`` actions are uniform.
+vector step; before ``learning_starts`` actions are uniform. The two Q-networks are one module, as in
+sac_continuous_action.py.
 
 Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
 observation after a transition is the next one stored, including at episode ends where it is the
