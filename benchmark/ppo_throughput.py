@@ -11,9 +11,12 @@ breakdown. Each
 script's training SPS is compared with the slower of its two limits (its env backend alone, the
 learner alone).
 
-CartPole: ppo.py and SB3's PPO with the same envs, rollout length, epochs and minibatch size
-(4 envs x 128 steps, 4 epochs, 4 minibatches of 128), one torch thread each, alternated
-A-B-A-B; the median of each is reported. Requires the `bench` extra (stable-baselines3).
+Beside Stable-Baselines3 (``--section sb3``; ``cartpole`` for its first table): ppo.py and SB3's PPO on
+CartPole with the same envs, rollout length, epochs and minibatch size (4 envs x 128 steps, 4 epochs, 4
+minibatches of 128, one torch thread), and ppo_atari_envpool.py (``--vector-mode ale``) and ppo_atari.py
+against SB3's PPO with the Nature CNN on Breakout (8 envs x 128 steps, 4 epochs, 4 minibatches of 256, two
+torch threads); rounds rotated, medians; whole-process CPU seconds (the measure to compare) and the
+training SPS. Requires the `bench` extra (stable-baselines3).
 
 Compare (``--section compare --baseline REV``): the scripts of this tree against those of an earlier
 commit (exported with ``git archive``), on CartPole (ppo.py, SB3's sizes and its own defaults),
@@ -321,61 +324,120 @@ def compare(args: argparse.Namespace) -> None:
     print("baseline (for --compile rows: compiled / eager, both this tree).")
 
 
-def sb3_sps(total: int) -> float:
-    code = f"""
-import time, torch
-torch.set_num_threads(1)
+SB3_PPO = """
+import resource, sys, time, json
+import torch
+kind, total, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(threads)
 from stable_baselines3 import PPO
-from stable_baselines3.common.env_util import make_vec_env
-env = make_vec_env("CartPole-v1", n_envs=4, seed=1)
-model = PPO("MlpPolicy", env, n_steps=128, batch_size=128, n_epochs=4, device="cpu", seed=1, verbose=0)
-start = time.perf_counter()
-model.learn({total})
-print({total} / (time.perf_counter() - start))
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.vec_env import VecFrameStack
+
+class Clock(BaseCallback):  # (step, wall, CPU seconds) at the start of every rollout
+    points = []
+    def _on_rollout_start(self):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.points.append((self.num_timesteps, time.perf_counter(), usage.ru_utime + usage.ru_stime))
+    def _on_step(self):
+        return True
+
+if kind == "cartpole":
+    env = make_vec_env("CartPole-v1", n_envs=4, seed=1)
+    model = PPO("MlpPolicy", env, n_steps=128, batch_size=128, n_epochs=4, device="cpu", seed=1)
+else:
+    import ale_py, gymnasium as gym
+    gym.register_envs(ale_py)
+    env = VecFrameStack(make_atari_env("BreakoutNoFrameskip-v4", n_envs=8, seed=1), n_stack=4)
+    model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, device="cpu", seed=1)
+clock = Clock()
+model.learn(total, callback=clock)
+print(json.dumps(clock.points))
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    return float(out.stdout.strip().splitlines()[-1])
 
 
-def cartpole(args: argparse.Namespace) -> None:
-    total = args.cartpole_steps
-    flags = [
-        "--num-envs",
-        "4",
-        "--num-steps",
-        "128",
-        "--update-epochs",
-        "4",
-        "--num-minibatches",
-        "4",
-        "--threads",
-        "1",
-    ]
-    flags += ["--total-timesteps", str(total)]
-    ours, theirs = [], []
-    for _ in range(args.repeats):
-        ours.append(train("ppo.py", flags, env={"OMP_NUM_THREADS": "1"})["sps"])
-        theirs.append(sb3_sps(total))
-    a, b = statistics.median(ours), statistics.median(theirs)
-    print(
-        f"CartPole-v1, 4 envs x 128 steps, 4 epochs x 4 minibatches, 1 torch thread, {total} steps, {args.repeats} runs each"
-    )
-    print(f"| {'implementation':24} | {'SPS (median)':>12} | {'runs':>28} |")
-    print(f"|{'-' * 26}|{'-' * 14}|{'-' * 30}|")
-    print(f"| {'cleanrl/ppo.py':24} | {a:12.0f} | {' '.join(f'{x:.0f}' for x in ours):>28} |")
-    print(f"| {'stable-baselines3 PPO':24} | {b:12.0f} | {' '.join(f'{x:.0f}' for x in theirs):>28} |")
-    print(f"ratio ppo.py / SB3: {a / b:.2f}x")
+def whole_process(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[str, float]:
+    """Run ``cmd`` to its end: its stdout and its user + system CPU seconds (threads and children included)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return out, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def ours_vs_sb3(script: str, flags: list[str], total: int, threads: int) -> dict[str, float]:
+    """One run of our script: whole-process CPU seconds, and SPS from the first logged iteration to the last."""
+    sys.path.insert(0, str(REPO))
+    from cleanrl_utils.tb import ScalarReader
+
+    with tempfile.TemporaryDirectory() as cwd:
+        cmd = [sys.executable, str(REPO / "cleanrl" / script), "--no-progress", "--run-name", "bench"]
+        cmd += ["--checkpoint-interval", "0", "--threads", str(threads), "--total-timesteps", str(total), *flags]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_MODE": "offline"}
+        _, cpu = whole_process(cmd, env, cwd)
+        series = ScalarReader(Path(cwd) / "runs/bench").update().get("charts/SPS")
+    sps = (series.steps[-1] - series.steps[0]) / (series.wall_times[-1] - series.wall_times[0])
+    return {"cpu": cpu, "sps": sps}
+
+
+def sb3_run(kind: str, total: int, threads: int) -> dict[str, float]:
+    import json
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with tempfile.TemporaryDirectory() as cwd:
+        out, cpu = whole_process([sys.executable, "-c", SB3_PPO, kind, str(total), str(threads)], env, cwd)
+    points = json.loads(out.strip().splitlines()[-1])[1:]  # from the second rollout on, as ours
+    (s0, w0, _), (s1, w1, _) = points[0], points[-1]
+    return {"cpu": cpu, "sps": (s1 - s0) / (w1 - w0)}
+
+
+def sb3(args: argparse.Namespace) -> None:
+    """Our PPO scripts beside Stable-Baselines3's PPO with the same sizes: CartPole (4 envs x 128 steps, 4 epochs
+    of 4 minibatches, 1 torch thread) and Breakout (8 envs x 128 steps, 4 epochs of 4 minibatches, the Nature
+    CNN, 2 torch threads), alternated in rounds; whole-process CPU seconds and the training SPS."""
+    cart = ["--num-envs", "4", "--num-steps", "128", "--update-epochs", "4", "--num-minibatches", "4"]
+    atari = ["--num-envs", "8", "--num-steps", "128", "--update-epochs", "4", "--num-minibatches", "4"]
+    breakout = 8 * 128 * args.sb3_iterations
+    sections = {
+        f"CartPole-v1, {args.cartpole_steps} steps, 1 torch thread": {
+            "ppo.py": lambda: ours_vs_sb3("ppo.py", cart, args.cartpole_steps, 1),
+            "stable-baselines3": lambda: sb3_run("cartpole", args.cartpole_steps, 1),
+        },
+        f"Breakout, {breakout} steps, 2 torch threads": {
+            "ppo_atari_envpool.py --vector-mode ale": lambda: ours_vs_sb3(
+                "ppo_atari_envpool.py", [*atari, "--vector-mode", "ale"], breakout, 2
+            ),
+            "ppo_atari.py (sync)": lambda: ours_vs_sb3(
+                "ppo_atari.py", [*atari, "--env-id", "BreakoutNoFrameskip-v4"], breakout, 2
+            ),
+            "stable-baselines3": lambda: sb3_run("breakout", breakout, 2),
+        },
+    }
+    if args.section == "cartpole":
+        sections = dict(list(sections.items())[:1])
+    for title, configs in sections.items():
+        results = {name: [] for name in configs}
+        names = list(configs)
+        for r in range(args.repeats):
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # rotated: A B C, B C A, ...
+                results[name].append(configs[name]())
+                print(f"  {name}: {results[name][-1]['cpu']:.1f} CPU s", file=sys.stderr, flush=True)
+        steps = args.cartpole_steps if title.startswith("CartPole") else breakout
+        med = {n: {k: statistics.median(run[k] for run in runs) for k in ("cpu", "sps")} for n, runs in results.items()}
+        base = med["stable-baselines3"]
+        print(f"\n{title}; {args.repeats} runs of each, order rotated; medians; {os.cpu_count()} CPUs")
+        print("| implementation | CPU s (whole process) | CPU ms / step | runs (CPU s) | SB3 / this | SPS (training) |")
+        print("| --- | ---: | ---: | --- | ---: | ---: |")
+        for name, m in med.items():
+            runs = " ".join(f"{run['cpu']:.1f}" for run in results[name])
+            print(f"| {name} | {m['cpu']:.1f} | {1000 * m['cpu'] / steps:.3f} | {runs} | {base['cpu'] / m['cpu']:.2f} "
+                  f"| {m['sps']:.0f} |")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--section", choices=["atari", "cartpole", "all", "compare"], default="all")
+    parser.add_argument("--section", choices=["atari", "cartpole", "sb3", "all", "compare"], default="all")
     parser.add_argument("--baseline", default="HEAD", help="the commit --section compare measures against")
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--num-steps", type=int, default=128)
@@ -384,6 +446,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5, help="training iterations per Atari script")
     parser.add_argument("--env-steps", type=int, default=300, help="vector steps per env-only measurement")
     parser.add_argument("--cartpole-steps", type=int, default=50_000)
+    parser.add_argument("--sb3-iterations", type=int, default=20, help="Breakout iterations beside SB3 (sb3)")
     parser.add_argument("--cheetah-iterations", type=int, default=8, help="iterations of 1024 steps (compare)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="compare: only the configurations whose name holds one of these")
@@ -396,9 +459,9 @@ def main() -> None:
         return
     if args.section in ("atari", "all"):
         atari(args)
-    if args.section in ("cartpole", "all"):
+    if args.section in ("cartpole", "sb3", "all"):
         print()
-        cartpole(args)
+        sb3(args)
 
 
 if __name__ == "__main__":
