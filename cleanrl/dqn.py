@@ -112,7 +112,9 @@ class Args:
     gamma: float = 0.99
     """the discount factor"""
     target_network_frequency: int = 128
-    """env steps (summed over envs) between copies of the Q-network into the target network, as in CleanRL"""
+    """env steps (summed over envs) between target updates, as in CleanRL"""
+    tau: float = 1.0
+    """the target update: target <- (1 - tau) * target + tau * online (1.0: a copy, as in CleanRL)"""
     batch_size: int = 128
     """transitions per gradient step"""
     start_e: float = 1.0
@@ -143,6 +145,8 @@ def validate(args: Args, ranks: Ranks) -> None:
     require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
     require_positive(args, "threads", "gradient_steps", "target_network_frequency", "learning_rate")
     require_positive(args, "max_grad_norm", "exploration_fraction")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau {args.tau}: must be in (0, 1]")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     if args.train_frequency % args.num_envs != 0:
@@ -188,6 +192,12 @@ class QNetwork(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x.float())  # observations as the env makes them (float64 too)
+
+
+@torch.no_grad()
+def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * source, in place, one fused op over all tensors."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
@@ -252,7 +262,7 @@ def main() -> None:
     n_actions = int(envs.single_action_space.n)
 
     q_network = QNetwork(int(np.prod(obs_shape)), n_actions).to(device)
-    target_network = QNetwork(int(np.prod(obs_shape)), n_actions).to(device)
+    target_network = QNetwork(int(np.prod(obs_shape)), n_actions).to(device).requires_grad_(False)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
     nan_guard = NaNGuard(device)  # optimizer steps that a NaN/inf never reaches (no host wait)
@@ -326,7 +336,7 @@ def main() -> None:
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
-                target_network.load_state_dict(q_network.state_dict())
+                polyak_update_(target_network, q_network, args.tau)
 
             # LOGGING (and the NaN check: read here and right before each checkpoint, not per gradient step)
             due = run.checkpoint_due(global_step, args.num_envs, step == num_steps, run.stop.signum)

@@ -131,7 +131,9 @@ class Args:
     gamma: float = 0.99
     """the discount factor"""
     target_network_frequency: int = 1000
-    """env steps (summed over envs) between copies of the Q-network into the target network, as in CleanRL"""
+    """env steps (summed over envs) between target updates, as in CleanRL"""
+    tau: float = 1.0
+    """the target update: target <- (1 - tau) * target + tau * online (1.0: a copy, as in CleanRL)"""
     batch_size: int = 32
     """transitions per gradient step"""
     start_e: float = 1.0
@@ -172,6 +174,8 @@ def validate(args: Args, ranks: Ranks) -> None:
     require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
     require_positive(args, "threads", "gradient_steps", "target_network_frequency", "learning_rate")
     require_positive(args, "max_grad_norm", "exploration_fraction", "dist_timeout")
+    if not 0.0 < args.tau <= 1.0:
+        fail(f"--tau {args.tau}: must be in (0, 1]")
     if not 0.0 < args.gamma <= 1.0:
         fail(f"--gamma {args.gamma}: must be in (0, 1]")
     for name in ("buffer_size", "batch_size"):
@@ -248,6 +252,12 @@ class QNetwork(nn.Module):
         # uint8 frames are stored and travel as bytes; change the layout while they are still
         # bytes (4x less memory traffic), then scale on the device.
         return self.network(x.contiguous(memory_format=torch.channels_last).float().div_(255.0))
+
+
+@torch.no_grad()
+def polyak_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * source, in place, one fused op over all tensors."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
@@ -335,7 +345,7 @@ def main() -> None:
     n_actions = int(envs.single_action_space.n)
 
     q_network = QNetwork(n_actions).to(device, memory_format=torch.channels_last)
-    target_network = QNetwork(n_actions).to(device, memory_format=torch.channels_last)
+    target_network = QNetwork(n_actions).to(device, memory_format=torch.channels_last).requires_grad_(False)
     if distributed:  # one set of initial weights: rank 0's
         for param in q_network.parameters():
             dist.broadcast(param.data, src=0)
@@ -427,7 +437,7 @@ def main() -> None:
             if global_step > first_learning_step and interval_crossed(
                 global_step, args.num_envs, args.target_network_frequency
             ):
-                target_network.load_state_dict(q_network.state_dict())  # identical on every rank
+                polyak_update_(target_network, q_network, args.tau)  # identical on every rank
 
             # LOGGING: rank 0 logs the episodes and timings of every rank (and the NaN check: read here and
             # right before each checkpoint, not per gradient step).
