@@ -8,8 +8,9 @@ Stable-Baselines3's DQN trained with the same settings, its Q-values beside the 
 With gamma 0.99 and a reward of 1 per step, no CartPole state is worth more than 1 / (1 - 0.99) = 100:
 a mean Q(s, a) above that is divergence, not learning. SB3's DQN gets dqn.py's defaults (read from
 ``cleanrl/dqn.py``'s ``Args``; a flag here overrides one): a 256-256 network, Adam, the Huber loss,
-gradients clipped at norm 10, epsilon decaying over ``exploration_fraction`` of ``--total-timesteps``
-(the schedule of the run it is compared with, which SB3 is stopped short of at ``--steps``). It is not
+gradients clipped at norm 10, epsilon decaying over ``exploration_steps`` (``--exploration-steps``; SB3's
+fraction of ``--total-timesteps``, the budget of the run it is compared with, which SB3 is stopped short of
+at ``--steps``). It is not
 Double DQN (SB3 has none); ``--ours`` should then be a run with dqn.py's Double DQN, as the default runs
 are, or with ``--no-double-q``. Every ``--every`` steps it prints the mean Q(s, a) of 1,024 transitions
 sampled from its replay and the mean return of its last 100 episodes, beside the ``losses/q_values``
@@ -29,7 +30,14 @@ sys.path.insert(0, str(REPO))
 from cleanrl.dqn import Args  # noqa: E402
 from cleanrl_utils.tb import ScalarReader  # noqa: E402
 
-OVERRIDABLE = ["learning_rate", "gradient_steps", "target_network_frequency", "buffer_size", "train_frequency"]
+OVERRIDABLE = [
+    "learning_rate",
+    "gradient_steps",
+    "target_network_frequency",
+    "buffer_size",
+    "train_frequency",
+    "exploration_steps",
+]
 
 
 def parse() -> argparse.Namespace:
@@ -65,7 +73,7 @@ def sb3_q_values(args: argparse.Namespace) -> tuple[dict, list[tuple[int, float,
                 learning_starts=d.learning_starts, batch_size=d.batch_size, gamma=d.gamma, train_freq=args.train_frequency,
                 gradient_steps=args.gradient_steps, target_update_interval=args.target_network_frequency,
                 exploration_initial_eps=d.start_e, exploration_final_eps=d.end_e, max_grad_norm=d.max_grad_norm,
-                exploration_fraction=d.exploration_fraction, policy_kwargs={"net_arch": [256, 256]}, seed=args.seed,
+                exploration_fraction=args.exploration_steps / args.total_timesteps, policy_kwargs={"net_arch": [256, 256]}, seed=args.seed,
                 device="cpu")  # fmt: skip
     held = {"learning_rate": model.learning_rate, "gradient_steps": model.gradient_steps,
             "target_network_frequency": model.target_update_interval, "buffer_size": model.buffer_size,
@@ -107,7 +115,7 @@ def main() -> None:
     ours = ScalarReader(args.ours).update().series if args.ours else {}
     held, points = sb3_q_values(args)
     print(f"SB3 DQN on CartPole-v1, dqn.py's settings with {', '.join(f'{k}={v}' for k, v in held.items())}")
-    print(f"(epsilon over {Args().exploration_fraction} of {args.total_timesteps:,} steps), seed {args.seed}")
+    print(f"(epsilon over {args.exploration_steps:,} of {args.total_timesteps:,} steps), seed {args.seed}")
     print("| env step | SB3 mean Q(s, a) | SB3 return (last 100) | ours: losses/q_values | ours: return (last 100) |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for step, q, ret in points:

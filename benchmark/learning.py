@@ -47,7 +47,9 @@ TORCHRUN = "torchrun --standalone --nproc_per_node 2"
 # CleanRL's dqn.py CartPole settings (its network is 120-84, ours 256-256; ours clips gradients at norm 10)
 DQN_CLEANRL = ("--learning-rate 2.5e-4 --buffer-size 10000 --target-network-frequency 500 --batch-size 128 "
                "--end-e 0.05 --exploration-fraction 0.5 --learning-starts 10000 --train-frequency 10 "
-               "--gradient-steps 1 --no-double-q --no-huber-loss")  # fmt: skip
+               "--gradient-steps 1 --no-double-q --no-huber-loss --no-anneal-lr")  # fmt: skip
+# dqn.py's defaults before they held at any budget (the short-run set), with a target copy every 500 env steps
+DQN_SHORT_RUN_500 = "--target-network-frequency 500 --no-anneal-lr --exploration-fraction 0.16"
 # Off-policy rows keep their replay in the checkpoint, so a run stopped between sittings (the runner's SIGTERM)
 # resumes exactly as if it had never stopped; not dqn_atari's: 1M Atari frames make every checkpoint 7 GB.
 REPLAY = "--checkpoint-buffer"
@@ -75,7 +77,7 @@ SUITES: dict[str, list[Row]] = {
         row("dqn", f"python cleanrl/dqn.py {REPLAY}", ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
         row("dqn_cleanrl_settings", f"python cleanrl/dqn.py --exp-name dqn_cleanrl_settings {DQN_CLEANRL} {REPLAY}",
             ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
-        row("dqn_target500", f"python cleanrl/dqn.py --exp-name dqn_target500 --target-network-frequency 500 {REPLAY}",
+        row("dqn_target500", f"python cleanrl/dqn.py --exp-name dqn_target500 {DQN_SHORT_RUN_500} {REPLAY}",
             ["CartPole-v1"], 500_000, 3, [("CartPole-v1", 488.69, 16.11, "")]),
         row("appo", "python cleanrl/appo.py", ["CartPole-v1"], 500_000, 3),
     ],
@@ -104,7 +106,8 @@ SUITES: dict[str, list[Row]] = {
     ],
     "gpu": [  # defined for a GPU machine (one command per row there); not run on the CPU machine
         row("ppo_atari_envpool", "python cleanrl/ppo_atari_envpool.py", ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"],
-            10_000_000, 3, [("BreakoutNoFrameskip-v4", 414.66, 28.09, ""), ("PongNoFrameskip-v4", 20.36, 0.20, "")]),
+            10_000_000, 3, [("BreakoutNoFrameskip-v4", 211.24, 151.84, "Breakout-v5"),
+                            ("PongNoFrameskip-v4", 20.45, 0.09, "Pong-v5")]),
         row("dqn_atari", "python cleanrl/dqn_atari.py", ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"], 10_000_000, 3,
             [("BreakoutNoFrameskip-v4", 366.93, 39.89, ""), ("PongNoFrameskip-v4", 20.25, 0.41, "")]),
         row("sac_continuous_action", f"python cleanrl/sac_continuous_action.py {REPLAY}", ["HalfCheetah-v4"], 1_000_000, 3,
@@ -285,6 +288,22 @@ def shown_earlier(out: Path, records: list[Path]) -> list[dict[str, str]]:
     return [e for e in earlier_rows(out) if not seeds.get((e["script"], e["env_id"]), set()) >= e["seeds_run"]]
 
 
+def references(suite: str, records: list[Path]) -> list[str]:
+    """CleanRL's published score of each plotted script and env, for ``plot --reference``, at CleanRL's budget
+    (a note "at 1M" moves it there; the row's own budget otherwise); one per env and score."""
+    from cleanrl_utils import plot
+
+    shown = {tuple(record.name.removesuffix(plot.RECORD).rsplit("__", 2)[:2]) for record in records}
+    refs = {}
+    for s in dict.fromkeys([suite, *(s for s, _, _ in ALSO_PLOT.get(suite, []))]):
+        for r in SUITES[s]:
+            for env, mean, std, note in r.cleanrl:
+                steps = 1_000_000 if note == "at 1M" else r.steps
+                if (env, r.exp) in shown:
+                    refs.setdefault((env, mean, std, steps), f"CleanRL {r.exp},{env},{mean},{std},{steps}")
+    return list(refs.values())
+
+
 def report(suite: str, out_root: Path) -> str | None:
     """Curves and tables of ``suite`` into ``out_root/<suite>/`` from its run records (and the rows published
     before records were kept); returns its section of the page (None: nothing to show)."""
@@ -295,7 +314,9 @@ def report(suite: str, out_root: Path) -> str | None:
     finals, speed, commits = {}, {}, {}
     records = own + compared_records(suite, out_root) if own else []
     if own:
-        code = plot.main([*map(str, records), "--out", str(out), "--last", str(LAST), "--smooth", "20"])
+        refs = references(suite, records)
+        flags = ["--reference", *refs] if refs else []
+        code = plot.main([*map(str, records), "--out", str(out), "--last", str(LAST), "--smooth", "20", *flags])
         if code != 0:
             return None
         finals = {(r["script"], r["env_id"]): r for r in read_csv(out / "final_returns.csv")}

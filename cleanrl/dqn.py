@@ -8,17 +8,14 @@ Launch:
     tensorboard --logdir runs
 
 Departures from CleanRL, and why: Double DQN targets (``--no-double-q`` for CleanRL's) and the
-Huber loss (``--no-huber-loss`` for CleanRL's squared error), which keep the Q-values from running
-away; and CartPole defaults that reach a mean return of 400 (last 20 episodes) within 22-36k steps
-on seeds 1-5, 4 of them still there at the end of the 60k steps (a 256-256 Q-network, 8 gradient
-steps of batch 128 every 16 env steps, a target copy every 128 env steps, lr 5e-4, epsilon to 0.01
-over 16% of the run, 1k steps of warm-up) where CleanRL's (120-84 network, 1 step every 10, target
-every 500, lr 2.5e-4, 10k warm-up, 500k steps) need several hundred thousand. The RL Zoo's CartPole
-settings oscillated between 100 and 400 for 60k steps here and in Stable-Baselines3 alike. These
-defaults are for short runs: over 500k steps (epsilon then decays over 80k) their Q-values pass the
-bound 1 / (1 - gamma) by 20k steps and never stop climbing, as Stable-Baselines3's DQN does with the
-same settings (benchmark/dqn_divergence.sh). ``--target-network-frequency 500`` alone holds them but
-learns less than CleanRL's values, which long runs should pass (docs/benchmarks.md).
+Huber loss (``--no-huber-loss`` for CleanRL's squared error); a 256-256 Q-network, 8 gradient steps of
+batch 128 every 16 env steps, lr 5e-4 annealed to 0 at the end of the run, a target copy every 500 env
+steps, and epsilon to 0.01 over the first 10k steps whatever the budget (CleanRL: a share of it). These
+defaults hold at any budget: CartPole's Q-values stay near the bound 1 / (1 - gamma) instead of running
+away. ``--target-network-frequency 128 --no-anneal-lr`` is the short-run set: 400 (last 20 episodes)
+within 22-36k steps, but past about 100k steps its Q-values run away and the policy collapses, as
+Stable-Baselines3's DQN does with the same settings (benchmark/dqn_divergence.sh). Figures:
+docs/benchmarks.md (the classic suite).
 ``--cuda`` is off by default: this small MLP is faster on the CPU.
 
 Replay (cleanrl_utils/buffers.py): each observation is stored once. Under next-step autoreset the
@@ -107,11 +104,13 @@ class Args:
     """the number of parallel environments"""
     learning_rate: float = 5e-4
     """the learning rate of the optimizer"""
+    anneal_lr: bool = True
+    """if toggled, the learning rate decays linearly to 0 at total_timesteps"""
     buffer_size: int = 100_000
     """replay capacity in transitions, summed over envs"""
     gamma: float = 0.99
     """the discount factor"""
-    target_network_frequency: int = 128
+    target_network_frequency: int = 500
     """env steps (summed over envs) between target updates, as in CleanRL"""
     tau: float = 1.0
     """the target update: target <- (1 - tau) * target + tau * online (1.0: a copy, as in CleanRL)"""
@@ -121,8 +120,10 @@ class Args:
     """the starting epsilon for exploration"""
     end_e: float = 0.01
     """the final epsilon for exploration"""
-    exploration_fraction: float = 0.16
-    """the fraction of total_timesteps over which epsilon decays from start_e to end_e"""
+    exploration_steps: int = 10_000
+    """env steps (summed over envs) over which epsilon decays from start_e to end_e, whatever the budget"""
+    exploration_fraction: float | None = None
+    """if set, epsilon decays over this fraction of total_timesteps instead (CleanRL's schedule)"""
     learning_starts: int = 1000
     """env steps (summed over envs) of pure exploration before learning starts"""
     train_frequency: int = 16
@@ -144,7 +145,9 @@ def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
     require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
     require_positive(args, "threads", "gradient_steps", "target_network_frequency", "learning_rate")
-    require_positive(args, "max_grad_norm", "exploration_fraction")
+    require_positive(args, "max_grad_norm", "exploration_steps")
+    if args.exploration_fraction is not None and not 0.0 < args.exploration_fraction <= 1.0:
+        fail(f"--exploration-fraction {args.exploration_fraction}: must be in (0, 1]")
     if not 0.0 < args.tau <= 1.0:
         fail(f"--tau {args.tau}: must be in (0, 1]")
     if not 0.0 < args.gamma <= 1.0:
@@ -238,7 +241,9 @@ def td_loss(q_network, data: dict, gamma: float, double_q: bool, huber: bool):
 
 def main() -> None:
     args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
-    exploration_steps = int(args.exploration_fraction * args.total_timesteps)  # epsilon's decay, env steps
+    exploration_steps = args.exploration_steps  # epsilon's decay, env steps
+    if args.exploration_fraction is not None:  # CleanRL's: a share of the budget
+        exploration_steps = int(args.exploration_fraction * args.total_timesteps)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -320,6 +325,10 @@ def main() -> None:
 
             # UPDATE: a burst of gradient steps every train_frequency env steps
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
+                frac = 1.0 - (global_step - args.num_envs) / args.total_timesteps if args.anneal_lr else 1.0
+                optimizer.param_groups[0]["lr"] = (
+                    frac * args.learning_rate
+                )  # from args: a resume may change it
                 with learn_clock:
                     # one draw for the whole burst; the target network, fixed within it, values it in one pass
                     burst = rb.sample_to(args.batch_size * args.gradient_steps, device)
@@ -347,7 +356,7 @@ def main() -> None:
                     writer.add_scalar("losses/td_loss", loss.item(), global_step)
                     writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
                 writer.add_scalar("charts/epsilon", epsilon, global_step)
-                writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 writer.add_scalar("perf/env_time", env_time, global_step)
                 writer.add_scalar("perf/inference_time", inference_clock.read(), global_step)
                 writer.add_scalar("perf/learn_time", learn_clock.read(), global_step)

@@ -107,6 +107,8 @@ class Args:
     """the number of parallel environments"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
+    anneal_lr: bool = False
+    """if toggled, the learning rate decays linearly to 0 at total_timesteps"""
     buffer_size: int = 1_000_000
     """replay capacity in transitions, summed over envs"""
     gamma: float = 0.99
@@ -121,8 +123,10 @@ class Args:
     """the starting epsilon for exploration"""
     end_e: float = 0.01
     """the final epsilon for exploration"""
-    exploration_fraction: float = 0.10
-    """the fraction of total_timesteps over which epsilon decays from start_e to end_e"""
+    exploration_steps: int = 1_000_000
+    """env steps (summed over envs) over which epsilon decays from start_e to end_e, whatever the budget"""
+    exploration_fraction: float | None = None
+    """if set, epsilon decays over this fraction of total_timesteps instead (CleanRL's schedule)"""
     learning_starts: int = 80_000
     """env steps (summed over envs) of pure exploration before learning starts"""
     train_frequency: int = 4
@@ -144,7 +148,9 @@ def validate(args: Args, ranks: Ranks) -> None:
     """Reject bad input with one line naming the value and the rule (exit code 2), before any work."""
     require_positive(args, "total_timesteps", "num_envs", "buffer_size", "batch_size", "train_frequency")
     require_positive(args, "threads", "gradient_steps", "target_network_frequency", "learning_rate")
-    require_positive(args, "max_grad_norm", "exploration_fraction")
+    require_positive(args, "max_grad_norm", "exploration_steps")
+    if args.exploration_fraction is not None and not 0.0 < args.exploration_fraction <= 1.0:
+        fail(f"--exploration-fraction {args.exploration_fraction}: must be in (0, 1]")
     if not 0.0 < args.tau <= 1.0:
         fail(f"--tau {args.tau}: must be in (0, 1]")
     if not 0.0 < args.gamma <= 1.0:
@@ -260,7 +266,9 @@ def td_loss(q_network, data: dict, gamma: float, double_q: bool, huber: bool):
 
 def main() -> None:
     args, ranks, run_dir, checkpoint = setup(Args, validate, __file__)  # exit 2 on bad input, before any work
-    exploration_steps = int(args.exploration_fraction * args.total_timesteps)  # epsilon's decay, env steps
+    exploration_steps = args.exploration_steps  # epsilon's decay, env steps
+    if args.exploration_fraction is not None:  # CleanRL's: a share of the budget
+        exploration_steps = int(args.exploration_fraction * args.total_timesteps)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -349,6 +357,10 @@ def main() -> None:
 
             # UPDATE: a burst of gradient steps every train_frequency env steps
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
+                frac = 1.0 - (global_step - args.num_envs) / args.total_timesteps if args.anneal_lr else 1.0
+                optimizer.param_groups[0]["lr"] = (
+                    frac * args.learning_rate
+                )  # from args: a resume may change it
                 with learn_clock:
                     # one draw for the whole burst; the target network, fixed within it, values it in one pass
                     burst = rb.sample_to(args.batch_size * args.gradient_steps, device)
@@ -376,7 +388,7 @@ def main() -> None:
                     writer.add_scalar("losses/td_loss", loss.item(), global_step)
                     writer.add_scalar("losses/q_values", old_val.mean().item(), global_step)
                 writer.add_scalar("charts/epsilon", epsilon, global_step)
-                writer.add_scalar("charts/learning_rate", args.learning_rate, global_step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 writer.add_scalar("perf/env_time", env_time, global_step)
                 writer.add_scalar("perf/inference_time", inference_clock.read(), global_step)
                 writer.add_scalar("perf/learn_time", learn_clock.read(), global_step)

@@ -233,7 +233,7 @@ def _note_longer_run(new: int, old: int, done: int, saved: dict[str, Any]) -> No
             f"so at step {done} it {'rises' if after > before else 'falls'} from {before:.0f}% to {after:.0f}% "
             "of --learning-rate"
         )
-    if "exploration_fraction" in saved:
+    if saved.get("exploration_fraction") is not None:
         effects.append(f"epsilon now decays over {saved['exploration_fraction']:g} of {new} steps")
     effects = effects or ["no schedule depends on the total"]
     note(f"--total-timesteps {new}: the run now ends at step {new} instead of {old}; " + "; ".join(effects))

@@ -12,9 +12,11 @@ seed and the flags about the machine and the output): where a script ran an env 
 too, each group is named by the settings that tell them apart (``ppo [learning_rate=0.001]``), and a
 group counts its distinct seeds (two runs of seed 1 are one seed, run twice). Writes into ``--out``:
 
-- ``curves.png``: one panel per env, the episodic return against env steps (top row) and against
-  wall-clock time (bottom row); per script the mean over seeds on a common grid and a 95% bootstrap
-  confidence band;
+- ``curves.png``: one panel per env, the episodic return against env steps (top row): per script the
+  mean over seeds on a common grid and a band, the 95% bootstrap interval of the mean with 5 seeds or more,
+  the seeds' range (lowest to highest) with fewer (a bootstrap over 2-3 seeds is only their envelope), the
+  legend says which; ``--reference`` draws a published score at its budget (mean and std as an error
+  bar). Against wall-clock time (bottom row) every run is drawn to its own end;
 - ``final_returns.{md,csv}``: per script and env, the final return (mean of each run's last ``--last``
   episodes) as mean +- std and IQM over seeds;
 - ``throughput.{md,csv}``: per script, env and world size, SPS (the run's own ``charts/SPS``, which
@@ -178,6 +180,43 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (cumsum[1:] - cumsum[np.arange(1, len(values) + 1) - counts]) / counts
 
 
+@dataclass(frozen=True)
+class Reference:
+    """A published final score drawn on the step panels: its mean and std at its budget (env steps)."""
+
+    label: str
+    env_id: str
+    mean: float
+    std: float
+    steps: int
+
+    @classmethod
+    def parse(cls, text: str) -> Reference:
+        """``LABEL,ENV_ID,MEAN,STD,STEPS`` (``--reference``), or ValueError naming the rule."""
+        parts = text.split(",")
+        if len(parts) != 5:
+            raise ValueError("must be LABEL,ENV_ID,MEAN,STD,STEPS")
+        label, env_id, mean, std, steps = parts
+        try:
+            values = float(mean), float(std), int(steps)
+        except ValueError:
+            raise ValueError("MEAN and STD must be numbers, STEPS an integer") from None
+        if not all(np.isfinite(values)) or values[1] < 0 or values[2] < 1:
+            raise ValueError("MEAN must be finite, STD >= 0, STEPS >= 1")
+        return cls(label, env_id, *values)
+
+
+CI_SEEDS = 5  # fewer seeds: the band is their range, not a bootstrap interval
+
+
+def band(curves: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """The shaded band over seeds (rows) and what it is: the 95% bootstrap interval of their mean with
+    ``CI_SEEDS`` seeds or more; with fewer, the seeds' range (a bootstrap over 2-3 seeds would be just that)."""
+    if len(curves) >= CI_SEEDS:
+        return *bootstrap_band(curves), "95% CI"
+    return curves.min(axis=0), curves.max(axis=0), "range"
+
+
 def bootstrap_band(curves: np.ndarray, reps: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """95% bootstrap interval of the mean over seeds (rows) at each grid point (columns)."""
     if len(curves) == 1:
@@ -189,13 +228,13 @@ def bootstrap_band(curves: np.ndarray, reps: int = 1000, seed: int = 0) -> tuple
 
 
 def curve(group: list[RunData], x: str, window: int, points: int = 100):
-    """(grid, mean, low, high) over the group's seeds; the grid ends where the shortest run ends."""
+    """(grid, mean, low, high, what the band is) over the group's seeds; the grid ends where the shortest run
+    ends."""
     xs = [getattr(r, x) for r in group]
     end = min(v[-1] for v in xs)
     grid = np.linspace(0.0, end, points)
     curves = np.stack([np.interp(grid, v, smooth(r.returns, window)) for v, r in zip(xs, group)])
-    low, high = bootstrap_band(curves)
-    return grid, curves.mean(axis=0), low, high
+    return grid, curves.mean(axis=0), *band(curves)
 
 
 def groups_of(runs: list[RunData]) -> dict[tuple[str, str], list[RunData]]:
@@ -205,7 +244,7 @@ def groups_of(runs: list[RunData]) -> dict[tuple[str, str], list[RunData]]:
     return dict(sorted(groups.items()))
 
 
-def plot_curves(runs: list[RunData], path: Path, window: int):
+def plot_curves(runs: list[RunData], path: Path, window: int, references: tuple[Reference, ...] = ()):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,9 +263,19 @@ def plot_curves(runs: list[RunData], path: Path, window: int):
                 group = groups.get((exp, env))
                 if not group:
                     continue
-                grid, mean, low, high = curve(group, x, window)
-                ax.plot(grid, mean, color=colors[exp], label=f"{exp} ({seeds_of(group)})")
+                if x == "times":  # each run to its own end: runs of one budget take different times
+                    for i, r in enumerate(sorted(group, key=lambda r: r.seed)):
+                        name = f"{exp} ({seeds_of(group)}, each to its end)" if i == 0 else "_nolegend_"
+                        ax.plot(r.times, smooth(r.returns, window), color=colors[exp], alpha=0.7, lw=1, label=name)
+                    continue
+                grid, mean, low, high, what = curve(group, x, window)
+                ax.plot(grid, mean, color=colors[exp], label=f"{exp} ({seeds_of(group)}, band: {what})")
                 ax.fill_between(grid, low, high, color=colors[exp], alpha=0.2)
+            for ref in (ref for ref in references if ref.env_id == env and x == "steps"):
+                # in the colour of the script whose name ends its label ("CleanRL ppo"), else black
+                color = next((colors[e] for e in exps if ref.label.split()[-1:] == [e]), "black")
+                ax.errorbar([ref.steps], [ref.mean], yerr=[ref.std], fmt="D", color=color, mec="black", ms=6,
+                            capsize=4, label=f"{ref.label}: {ref.mean:,.0f} ± {ref.std:,.0f}")  # fmt: skip
             ax.set_title(env)
             ax.set_xlabel(label)
             if x == "steps":  # 200k, 1M: a narrow panel's step labels would run into each other
@@ -394,10 +443,12 @@ class Args:
     """where the PNG and the tables go"""
     metric: str = "charts/episodic_return"
     """the scalar plotted and tabled"""
-    last: int = 10
-    """a run's final return is the mean of its last this many episodes"""
-    smooth: int = 10
+    last: int = 100
+    """a run's final return is the mean of its last this many episodes (100: CleanRL's tables)"""
+    smooth: int = 20
     """curves: trailing mean over this many episodes before averaging over seeds"""
+    reference: list[str] = field(default_factory=list)
+    """published scores to draw on the step panels, each LABEL,ENV_ID,MEAN,STD,STEPS (e.g. CleanRL's)"""
     baseline: str | None = None
     """the script (exp name) whose smallest world size is speed-up 1 for every script of its env (default:
     each script against its own smallest world size; no speed-up between different scripts)"""
@@ -412,13 +463,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.last < 1 or args.smooth < 1:
         print(f"error: --last {args.last} / --smooth {args.smooth}: must be positive integers", file=sys.stderr)
         return 2
+    references = []
+    for text in args.reference:
+        try:
+            references.append(Reference.parse(text))
+        except ValueError as e:
+            print(f"error: --reference {text}: {e}", file=sys.stderr)
+            return 2
     runs = find_runs([Path(p) for p in args.paths], args.metric)
     if not runs:
         print(f"error: no run under {' '.join(args.paths)} logged {args.metric}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_curves(runs, out / "curves.png", args.smooth)
+    plot_curves(runs, out / "curves.png", args.smooth, tuple(references))
     print(f"[plot] {len(runs)} runs; curves in {out / 'curves.png'}\n")
     print(
         write_table(

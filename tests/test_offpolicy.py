@@ -117,12 +117,41 @@ def test_resume_without_buffer_refills_before_learning(tmp_path):
         assert same_parameters(saved["model"], resumed["model"]) is not learned, total
 
 
+def _schedules(tmp_path, name: str, *flags: str) -> tuple[dict[int, float], dict[int, float]]:
+    """Epsilon and the learning rate, by env step, of a small dqn.py run."""
+    run_script("dqn.py", *SMALL_DQN, "--checkpoint-interval", "0", "--run-name", name, *flags, cwd=tmp_path)
+    scalars = read_scalars(tmp_path / "runs" / name)
+    return dict(scalars["charts/epsilon"]), dict(scalars["charts/learning_rate"])
+
+
+@pytest.mark.quick
+def test_dqn_exploration_does_not_stretch_with_the_budget(tmp_path):
+    """Epsilon decays over --exploration-steps whatever --total-timesteps is (a longer run's first steps are the
+    shorter run's); --exploration-fraction gives CleanRL's schedule, a share of the budget. --anneal-lr takes the
+    learning rate linearly to 0 at the end of the run (without it, it stays)."""
+    short, short_lr = _schedules(
+        tmp_path, "short", "--total-timesteps", "2000", "--exploration-steps", "1500", "--no-anneal-lr"
+    )
+    long, long_lr = _schedules(
+        tmp_path, "long", "--total-timesteps", "4000", "--exploration-steps", "1500", "--anneal-lr"
+    )
+    assert short[1000] == long[1000] == pytest.approx(1.0 - 0.99 * 1000 / 1500)
+    assert long[2000] == long[4000] == pytest.approx(0.01)
+    assert all(lr == pytest.approx(5e-4) for lr in short_lr.values())
+    assert long_lr[2000] == pytest.approx(5e-4 * 0.5, rel=0.01) and long_lr[4000] < 5e-4 * 0.01
+    share, _ = _schedules(tmp_path, "share", "--total-timesteps", "4000", "--exploration-fraction", "0.5")
+    assert share[1000] == pytest.approx(1.0 - 0.99 * 1000 / 2000)
+
+
 # VALIDATION
 
 RULES = [
     ("dqn.py", ["--env-id", "Pendulum-v1"], "--env-id Pendulum-v1: needs a discrete action space"),
     ("dqn.py", ["--learning-starts", "10"], "--learning-starts 10: must be at least --batch-size 128"),
     ("dqn.py", ["--num-envs", "3"], "--train-frequency 16: must be a multiple of --num-envs 3"),
+    ("dqn.py", ["--tau", "1.5"], "--tau 1.5: must be in (0, 1]"),
+    ("dqn.py", ["--exploration-fraction", "0"], "--exploration-fraction 0.0: must be in (0, 1]"),
+    ("dqn_atari.py", ["--exploration-steps", "0"], "--exploration-steps 0: must be a positive integer"),
     ("dqn_atari.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: not an Atari (ALE) environment"),
     ("dqn_atari.py", ["--buffer-size", "100000000"], "--buffer-size 100000000: the replay needs"),
     ("sac_continuous_action.py", ["--env-id", "CartPole-v1"], "--env-id CartPole-v1: needs a continuous (Box)"),

@@ -84,28 +84,74 @@ def test_tables_hold_the_right_numbers(runs_dir, tmp_path):
 
 def test_png_has_one_panel_per_env_with_the_mean_curves(runs_dir, tmp_path):
     runs = plot.find_runs([runs_dir / "runs"], "charts/episodic_return")
-    fig = plot.plot_curves(runs, tmp_path / "curves.png", window=3)
+    cleanrl = plot.Reference.parse("CleanRL a,CartPole-v1,450.5,20,1000")
+    fig = plot.plot_curves(runs, tmp_path / "curves.png", window=3, references=(cleanrl,))
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["Acrobot-v1", "CartPole-v1", "Acrobot-v1", "CartPole-v1"]
     assert [ax.get_xlabel() for ax in fig.axes] == ["env steps", "env steps", "wall time (s)", "wall time (s)"]
     step_panel = fig.axes[1]  # CartPole against env steps
-    lines = {line.get_label(): line for line in step_panel.get_lines()}
-    assert set(lines) == {"a (3 seeds)", "b (3 seeds)"}
+    lines = {line.get_label(): line for line in step_panel.get_lines() if not line.get_label().startswith("_")}
+    assert set(lines) == {"a (3 seeds, band: range)", "b (3 seeds, band: range)"}
+    (published,) = step_panel.containers  # the published score at its budget, in a's colour, +- its std
+    marker, _, (bar,) = published
+    assert published.get_label() == "CleanRL a: 450 ± 20" and marker.get_color() == "C0"
+    assert list(marker.get_xdata()) == [1000] and list(marker.get_ydata()) == [450.5]
+    np.testing.assert_allclose(bar.get_segments()[0], [[1000, 430.5], [1000, 470.5]])
+    assert not fig.axes[0].containers  # none on Acrobot
     for exp, quality in (("a", 1.0), ("b", 0.5)):
-        grid = lines[f"{exp} (3 seeds)"].get_xdata()
+        grid = lines[f"{exp} (3 seeds, band: range)"].get_xdata()
         assert grid[-1] == 1000
         steps = np.arange(100, 1001, 100)
-        expected = np.mean(
-            [np.interp(grid, steps, plot.smooth(returns(quality, seed), 3)) for seed in (1, 2, 3)], axis=0
+        curves = [np.interp(grid, steps, plot.smooth(returns(quality, seed), 3)) for seed in (1, 2, 3)]
+        np.testing.assert_allclose(
+            lines[f"{exp} (3 seeds, band: range)"].get_ydata(), np.mean(curves, axis=0), rtol=1e-6
         )
-        np.testing.assert_allclose(lines[f"{exp} (3 seeds)"].get_ydata(), expected, rtol=1e-6)
+    # the wall-time panel: every seed its own line, to its own end (one legend entry per script)
+    wall = [line for line in fig.axes[3].get_lines()]
+    assert len(wall) == 6 and {line.get_label() for line in wall if not line.get_label().startswith("_")} == {
+        "a (3 seeds, each to its end)", "b (3 seeds, each to its end)"}  # fmt: skip
+    ends = sorted(line.get_xdata()[-1] for line in wall)
+    assert ends == sorted(r.times[-1] for r in runs if r.env_id == "CartPole-v1")
+
+
+def test_the_band_is_the_seeds_range_below_five_seeds_and_a_bootstrap_interval_from_five():
+    rng = np.random.default_rng(0)
+    three, five = rng.normal(size=(3, 40)), rng.normal(size=(5, 40))
+    low, high, what = plot.band(three)
+    assert what == "range"
+    np.testing.assert_array_equal(low, three.min(axis=0))
+    np.testing.assert_array_equal(high, three.max(axis=0))
+    low, high, what = plot.band(five)
+    assert what == "95% CI"
+    mean = five.mean(axis=0)  # inside the seeds' range, around the mean, narrower than the range
+    assert np.all(low <= mean) and np.all(mean <= high)
+    assert np.all(low >= five.min(axis=0)) and np.all(high <= five.max(axis=0))
+    assert np.mean(high - low) < 0.8 * np.mean(five.max(axis=0) - five.min(axis=0))
+
+
+@pytest.mark.parametrize("text", ["CleanRL,CartPole-v1,1,2", "x,CartPole-v1,abc,1,10", "x,CartPole-v1,1,-1,10"])
+def test_a_bad_reference_exits_2_with_one_line(runs_dir, tmp_path, capsys, text):
+    assert plot.main([str(runs_dir / "runs"), "--out", str(tmp_path), "--reference", text]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and f"--reference {text}: " in err
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_png_shows_both_curves_in_every_panel(runs_dir, tmp_path):
+    runs = plot.find_runs([runs_dir / "runs"], "charts/episodic_return")
+    fig = plot.plot_curves(runs, tmp_path / "curves.png", window=3)
+    for ax in fig.axes:  # (a legend over a curve blends its colour)
+        ax.get_legend().remove()
+    fig.savefig(tmp_path / "curves.png", dpi=100)
     image = mpimg.imread(tmp_path / "curves.png")
     assert image.shape[:2] == (700, 1000)  # figsize (5 per env x 7) at dpi 100
-    for ax in fig.axes:  # every panel holds both curves' colours
+    for ax in fig.axes:  # every panel holds both curves' colours (the wall-time lines at alpha 0.7 on white)
         x0, y0, x1, y1 = (ax.get_window_extent().extents).astype(int)
         panel = image[700 - y1 : 700 - y0, x0:x1, :3]
+        alpha = 0.7 if ax.get_xlabel().startswith("wall") else 1.0
         for color in ((0.12, 0.47, 0.71), (1.0, 0.5, 0.05)):  # C0 blue, C1 orange
-            assert (np.abs(panel - color).sum(axis=2) < 0.1).sum() > 50, (ax.get_title(), color)
+            seen = alpha * np.array(color) + (1 - alpha)
+            assert (np.abs(panel - seen).sum(axis=2) < 0.1).sum() > 50, (ax.get_title(), color)
 
 
 @pytest.mark.quick
