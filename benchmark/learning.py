@@ -383,8 +383,10 @@ made from the records, so
 `--metric-last-n-average-window` is 100): per run the mean of its last 100 training episodes'
 `charts/episodic_return` (whole games for Atari), then mean ± std (numpy's, over seeds) across seeds.
 CleanRL's numbers are from its documentation's benchmark tables, at the same budget unless the cell
-says otherwise. Curves: the mean over seeds of each run's 20-episode trailing mean, with a 95%
-bootstrap band, against env steps (top) and wall time (bottom).
+says otherwise. Curves: against env steps (top), the mean over seeds of each run's 20-episode trailing mean,
+with a band that is the seeds' range (lowest to highest) below 5 seeds and the 95% bootstrap interval of
+the mean from 5 (the legend says which), and CleanRL's score as a diamond with its std at its budget;
+against wall time (bottom), each run's own curve to its own end.
 """
 
 

@@ -63,7 +63,7 @@ CLEANRL_LINES = [
     ("ppo_atari_multigpu", "--local-num-envs 4 --track --capture_video", 2, {"num_envs": 8, "local_num_envs": 4}),
     ("ppo_atari_multigpu", "--env-id BreakoutNoFrameskip-v4 --backend nccl --no-cuda", 2, None),  # exit 2 on a CPU
     ("ppo_atari_multigpu", "--num-envs 8 --num-steps 32 --total-timesteps 256", 2, {"local_num_envs": 4}),
-    ("dqn", "--env-id CartPole-v1", 1, {"target_network_frequency": 128}),
+    ("dqn", "--env-id CartPole-v1", 1, {"target_network_frequency": 500, "exploration_steps": 10_000}),
     ("dqn_atari", "--env-id PongNoFrameskip-v4", 1, {"target_network_frequency": 1000, "buffer_size": 1_000_000}),
     ("sac_continuous_action", "--env-id Hopper-v4 --autotune False --alpha 0.2", 1, {"autotune": False, "alpha": 0.2}),
     ("sac_continuous_action", "--track", 1, {"track": True}),
@@ -239,7 +239,8 @@ def test_resume_may_change_an_allowed_setting_and_the_schedule_follows_it(ppo_ru
 def test_a_changed_learning_rate_is_the_optimizers_after_its_state_is_loaded(tmp_path):
     """The optimizer's saved state holds the old learning rate: loading it must not put that one back (the
     new value, not the checkpoint's, is what the constant-rate scripts train with)."""
-    flags = ["--learning-starts", "64", "--batch-size", "16", "--buffer-size", "1000", "--checkpoint-interval", "128"]
+    flags = ["--no-anneal-lr", "--learning-starts", "64", "--batch-size", "16", "--buffer-size", "1000"]
+    flags += ["--checkpoint-interval", "128"]
     run_script("dqn.py", *flags, "--total-timesteps", "128", "--run-name", "r", cwd=tmp_path)
     run_script("dqn.py", "--resume", "runs/r", "--total-timesteps", "256", "--learning-rate", "0.0002", cwd=tmp_path)
     final = final_checkpoint(tmp_path / "runs/r")

@@ -141,7 +141,7 @@ def test_a_single_process_run_checkpoints_at_least_every_few_minutes():
 
     def due(saved_ago: float, interval: int = 500_000, torchrun: bool = False) -> bool:
         run = SimpleNamespace(args=SimpleNamespace(checkpoint_interval=interval), saved_at=time.perf_counter() - saved_ago,
-                              ranks=SimpleNamespace(distributed=torchrun))  # fmt: skip
+                              last_checkpoint=None, ranks=SimpleNamespace(distributed=torchrun))  # fmt: skip
         return Run.checkpoint_due(run, 1024, 8, False, None)
 
     assert not due(CHECKPOINT_SECONDS - 5) and due(CHECKPOINT_SECONDS + 1)
