@@ -425,9 +425,8 @@ def main() -> None:
             # UPDATE: each rank samples its share of the minibatch from its own shard; gradients are averaged.
             if global_step > first_learning_step and global_step % args.train_frequency == 0:
                 frac = 1.0 - (global_step - args.num_envs) / args.total_timesteps if args.anneal_lr else 1.0
-                optimizer.param_groups[0]["lr"] = (
-                    frac * args.learning_rate
-                )  # from args: a resume may change it
+                # from args: a resume may change it
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
                 with learn_clock:
                     # one draw for the whole burst; the target network, fixed within it, values it in one pass
                     burst = rb.sample_to(local_batch_size * args.gradient_steps, device)
